@@ -1,0 +1,25 @@
+# The two commands of README.md: `make demo` runs the main job, `make test` runs every test.
+SHELL := /bin/bash
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+PYTEST_ARGS ?=
+
+.PHONY: setup test lint demo bench clean
+
+setup:
+	@hack/setup.sh
+
+lint: setup
+	ruff check sparkapp sinkoperator tests bench hack
+	mypy sparkapp sinkoperator
+
+test: lint
+	pytest $(PYTEST_ARGS)
+
+demo: setup
+	python -m hack.demo
+
+bench: setup
+	python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Provisions the real test bed: apt packages, Kafka jars, Spark connector jars, kube-apiserver,
+# kubectl, etcd and helm built from Go modules, and the upstream SparkApplication CRDs.
+# Idempotent: every part lands in ~/.cache/chsink/<part>-<version> and is skipped when present.
+# Usage: hack/provision.sh [all|apt|kafka|spark|k8s|etcd|helm|crds]...
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+CACHE=${CHSINK_CACHE:-$HOME/.cache/chsink}
+mkdir -p "$CACHE"
+export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+log() { printf '[provision] %s\n' "$*" >&2; }
+
+# step NAME MARKER CMD...: runs CMD unless MARKER exists, and reports how long it took.
+step() {
+  local name=$1 marker=$2; shift 2
+  if [ -e "$marker" ]; then log "$name: cached ($marker)"; return 0; fi
+  local t0=$SECONDS
+  log "$name: fetching/building..."
+  "$@"
+  log "$name: done in $((SECONDS - t0))s"
+}
+
+apt_install() {
+  local missing=()
+  for p in zookeeper default-jre-headless; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    local t0=$SECONDS
+    log "apt: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    log "apt: done in $((SECONDS - t0))s"
+  else
+    log "apt: zookeeper present"
+  fi
+}
+
+# maven_copy DEST GROUP:ARTIFACT:VERSION...: resolves artifacts and their runtime dependencies
+# from Maven Central into DEST with a throw-away pom.
+maven_copy() {
+  local dest=$1; shift
+  local work; work=$(mktemp -d)
+  {
+    echo '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+    echo '<groupId>chsink</groupId><artifactId>testbed</artifactId><version>1</version><dependencies>'
+    for coord in "$@"; do
+      IFS=: read -r g a v <<<"$coord"
+      echo "<dependency><groupId>$g</groupId><artifactId>$a</artifactId><version>$v</version></dependency>"
+    done
+    echo '</dependencies></project>'
+  } >"$work/pom.xml"
+  mkdir -p "$dest.tmp"
+  mvn -q -B -s "$here/maven-settings.xml" -f "$work/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory="$dest.tmp" >"$work/mvn.log" 2>&1 || { tail -30 "$work/mvn.log"; return 1; }
+  mv "$dest.tmp" "$dest"
+  rm -rf "$work"
+}
+
+kafka() {
+  local dest="$CACHE/kafka-$KAFKA_VERSION-r2"
+  step "kafka $KAFKA_VERSION jars" "$dest" maven_copy "$dest" \
+    "org.apache.kafka:kafka_$SCALA_BINARY:$KAFKA_VERSION" \
+    "org.apache.kafka:kafka-tools:$KAFKA_VERSION" \
+    "org.slf4j:slf4j-api:2.0.17" \
+    "org.apache.logging.log4j:log4j-slf4j2-impl:2.24.3" \
+    "org.apache.logging.log4j:log4j-core:2.24.3"
+}
+
+spark_jars() {
+  local ver; ver=$(spark_version)
+  local dest="$CACHE/spark-kafka-$ver"
+  step "spark-sql-kafka $ver jars" "$dest" maven_copy "$dest" \
+    "org.apache.spark:spark-sql-kafka-0-10_$SCALA_BINARY:$ver"
+  # Spark already ships these; keeping them would put two versions on the classpath.
+  local j; for j in "$dest"/*.jar; do
+    case $(basename "$j") in
+      spark-sql-kafka*|spark-token-provider-kafka*|kafka-clients*|commons-pool2*) ;;
+      *) rm -f "$j" ;;
+    esac
+  done
+}
+
+spark_version() {
+  python3 - <<'EOF' 2>/dev/null || grep -oE 'pyspark==[0-9.]+' "$here/../uv.lock" | head -1 | cut -d= -f3
+import importlib.metadata as m; print(m.version("pyspark"))
+EOF
+}
+
+# go_build NAME DIR MODULE@VERSION PKG... with replace lines taken from REPLACES (may be empty)
+go_module_build() {
+  local dir=$1 req=$2 replaces=$3; shift 3
+  rm -rf "$dir.tmp"; mkdir -p "$dir.tmp/src" "$dir.tmp/bin"
+  (
+    cd "$dir.tmp/src"
+    printf 'module chsink.local/testbed\n\ngo 1.25\n\n%s\n' "$replaces" >go.mod
+    go get "$req" >/dev/null
+    for pkg in "$@"; do
+      go get "$pkg" >/dev/null 2>&1 || true
+      CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "../bin/$(basename "$pkg")" "$pkg"
+    done
+  )
+  rm -rf "$dir.tmp/src"
+  mv "$dir.tmp" "$dir"
+}
+
+k8s_replaces() {
+  # k8s.io/kubernetes points its staging modules at ./staging; map them to the published v0.x tags.
+  local gomod; gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  local staging="v0.${K8S_VERSION#v1.}"
+  echo "replace ("
+  grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" | awk -v s="$staging" '{print "\t" $1 " => " $1 " " s}'
+  echo ")"
+}
+
+k8s() {
+  local dest="$CACHE/k8s-$K8S_VERSION"
+  [ -e "$dest" ] && { log "kube-apiserver+kubectl $K8S_VERSION: cached ($dest)"; return 0; }
+  step "kube-apiserver+kubectl $K8S_VERSION (go build)" "$dest" go_module_build "$dest" \
+    "k8s.io/kubernetes@$K8S_VERSION" "$(k8s_replaces)" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+}
+
+etcd() {
+  local dest="$CACHE/etcd-$ETCD_VERSION"
+  step "etcd $ETCD_VERSION (go build)" "$dest" go_module_build "$dest" \
+    "go.etcd.io/etcd/server/v3@$ETCD_VERSION" "" go.etcd.io/etcd/server/v3
+  [ -e "$dest/bin/etcd" ] || mv "$dest/bin/v3" "$dest/bin/etcd"
+}
+
+helm() {
+  local dest="$CACHE/helm-$HELM_VERSION"
+  step "helm $HELM_VERSION (go build)" "$dest" go_module_build "$dest" \
+    "helm.sh/helm/v3@$HELM_VERSION" "" helm.sh/helm/v3/cmd/helm
+}
+
+crds() {
+  local dest="$CACHE/spark-operator-crds-$SPARK_OPERATOR_VERSION"
+  fetch_crds() {
+    local dir; dir=$(go mod download -json "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    mkdir -p "$dest.tmp"
+    cp "$dir"/charts/spark-operator-chart/crds/sparkoperator.k8s.io_{sparkapplications,scheduledsparkapplications}.yaml "$dest.tmp/"
+    chmod 644 "$dest.tmp"/*.yaml
+    mv "$dest.tmp" "$dest"
+  }
+  step "SparkApplication CRDs $SPARK_OPERATOR_VERSION" "$dest" fetch_crds
+}
+
+parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(all)
+t_all=$SECONDS
+for p in "${parts[@]}"; do
+  case $p in
+    all) apt_install; kafka; spark_jars; crds; etcd; k8s; helm ;;
+    apt) apt_install ;;
+    kafka) kafka ;;
+    spark) spark_jars ;;
+    k8s) k8s ;;
+    etcd) etcd ;;
+    helm) helm ;;
+    crds) crds ;;
+    *) echo "unknown part: $p" >&2; exit 2 ;;
+  esac
+done
+log "test bed ready in $((SECONDS - t_all))s (cache: $CACHE)"

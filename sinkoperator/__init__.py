@@ -1,0 +1,1 @@
+"""chsink Kopf operator (named sinkoperator so it does not shadow the stdlib operator module)."""

@@ -1,0 +1,1 @@
+"""chsink writer: exactly-once Kafka to ClickHouse in a Spark job."""

@@ -1,0 +1,122 @@
+"""Session-scoped fixtures over the real test bed. Each server starts once, on loopback, on free ports."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.testbed import Etcd, Kafka, KubeApiServer, ZooKeeper, cached, spark_session, versions
+
+
+@pytest.fixture(scope="session")
+def testbed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("testbed")
+
+
+@pytest.fixture(scope="session")
+def zookeeper(testbed_dir: Path) -> Iterator[ZooKeeper]:
+    with ZooKeeper(testbed_dir / "zookeeper") as zk:
+        yield zk  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def kafka(testbed_dir: Path) -> Iterator[Kafka]:
+    with Kafka(testbed_dir / "kafka") as k:
+        yield k  # type: ignore[misc]
+
+
+_topic_seq = itertools.count()
+
+
+@pytest.fixture
+def topic(kafka: Kafka, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Creates a fresh topic with N partitions and returns its name."""
+
+    def make(partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"t{next(_topic_seq)}-{request.node.name[:40]}".replace("[", "-").replace("]", "")
+        kafka.create_topic(name, partitions, config)
+        return name
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def chdb_config(zookeeper: ZooKeeper, testbed_dir: Path) -> Path:
+    return zookeeper.clickhouse_config(testbed_dir / "clickhouse-config.xml")
+
+
+@pytest.fixture(scope="session")
+def chdb_path(testbed_dir: Path) -> Path:
+    """chdb serves one path per process: every test in this session shares it, one database each."""
+    return testbed_dir / "chdb"
+
+
+@pytest.fixture(scope="session")
+def ch_dsn(chdb_path: Path) -> str:
+    return f"chdb://{chdb_path}"
+
+
+@pytest.fixture(scope="session")
+def ch_factory(ch_dsn: str, chdb_config: Path) -> Callable[..., Any]:
+    """Builds clickhouse-connect clients on the session's chdb engine, configured for ZooKeeper."""
+    import clickhouse_connect
+
+    def make(database: str | None = None) -> Any:
+        client = clickhouse_connect.get_client(dsn=ch_dsn, chdb_options={"config-file": str(chdb_config)})
+        if database:
+            client.command(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+            client.database = database
+        return client
+
+    return make
+
+
+_db_seq = itertools.count()
+
+
+@pytest.fixture
+def ch_db(ch_factory: Callable[..., Any]) -> Iterator[tuple[Any, str]]:
+    """A fresh database on the shared chdb engine, dropped afterwards."""
+    name = f"db{os.getpid()}_{next(_db_seq)}"
+    client = ch_factory(name)
+    yield client, name
+    client.command(f"DROP DATABASE IF EXISTS `{name}` SYNC")
+
+
+@dataclass
+class Kube:
+    api: KubeApiServer
+    kubeconfig: Path
+
+    def kubectl(self, *args: str, **kw: Any) -> Any:
+        return self.api.run_kubectl(*args, **kw)
+
+    def client(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(str(self.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def kube(testbed_dir: Path) -> Iterator[Kube]:
+    with Etcd(testbed_dir / "etcd") as etcd, KubeApiServer(testbed_dir / "apiserver", etcd) as api:  # type: ignore[arg-type]
+        assert isinstance(api, KubeApiServer)
+        crds = cached(f"spark-operator-crds-{versions()['SPARK_OPERATOR_VERSION']}")
+        for f in sorted(crds.glob("*.yaml")):
+            api.run_kubectl("apply", "--server-side", "-f", str(f))
+        api.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                        "crd/sparkapplications.sparkoperator.k8s.io")
+        yield Kube(api, api.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    session = spark_session()
+    yield session
+    session.stop()

@@ -1,0 +1,147 @@
+"""Managed server processes for the test bed: start on loopback, wait until ready, stop cleanly.
+
+Every server runs in its own process group so that stop() also reaps the children a launcher
+script may fork, and a failed readiness check names the component and shows its log tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class TestbedError(RuntimeError):
+    """A test-bed component failed to provision or start."""
+
+    __test__ = False
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CHSINK_CACHE", Path.home() / ".cache" / "chsink"))
+
+
+def versions() -> dict[str, str]:
+    """The pinned versions from hack/versions.env (the cache is keyed by them)."""
+    out: dict[str, str] = {}
+    for line in (REPO / "hack" / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k] = v
+    return out
+
+
+def cached(part: str) -> Path:
+    """Path of a provisioned part, or a clear error telling how to provision it."""
+    path = cache_dir() / part
+    if not path.exists():
+        raise TestbedError(f"test bed part {part!r} missing at {path}: run `make setup` (hack/provision.sh)")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+class ManagedProcess:
+    """One server process with a log file under its work dir."""
+
+    name = "server"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / f"{self.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """One-time work before the first start (formatting storage, writing configs)."""
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout: float = 90.0) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=self.workdir, env=self.env(), start_new_session=True,
+        )
+        log.close()
+        self.wait_until(self.ready, timeout, "ready")
+
+    def wait_until(self, check: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise TestbedError(
+                    f"{self.name} exited with code {self.proc.returncode} before {what}; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(Exception):
+                if check():
+                    return
+            time.sleep(0.2)
+        raise TestbedError(f"{self.name} not {what} after {timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}")
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc is None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, for fault injection."""
+        if self.proc is not None:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(10)
+            self.proc = None
+
+    def restart(self, timeout: float = 90.0) -> None:
+        self.stop()
+        self.start(timeout)
+
+    def __enter__(self) -> ManagedProcess:
+        self.prepare()
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
