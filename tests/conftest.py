@@ -110,8 +110,7 @@ def kube(testbed_dir: Path) -> Iterator[Kube]:
         crds = cached(f"spark-operator-crds-{versions()['SPARK_OPERATOR_VERSION']}")
         for f in sorted(crds.glob("*.yaml")):
             api.run_kubectl("apply", "--server-side", "-f", str(f))
-        api.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                        "crd/sparkapplications.sparkoperator.k8s.io")
+        api.wait_crd("sparkapplications.sparkoperator.k8s.io")
         yield Kube(api, api.kubeconfig)
 
 

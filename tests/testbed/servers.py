@@ -236,6 +236,12 @@ class KubeApiServer(ManagedProcess):
             "current-context: testbed\n"
         )
 
+    def wait_crd(self, name: str, timeout: float = 60.0) -> None:
+        """Waits until a CRD is Established (kubectl wait fails while .status is still empty)."""
+        path = '{.status.conditions[?(@.type=="Established")].status}'
+        self.wait_until(lambda: self.run_kubectl("get", "crd", name, "-o", f"jsonpath={path}").stdout == "True",
+                        timeout, f"CRD {name} established")
+
     def run_kubectl(self, *args: str, input: str | None = None, check: bool = True,
                     kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, KUBECONFIG=str(kubeconfig or self.kubeconfig))

@@ -1,0 +1,95 @@
+"""Deterministic blocks and their deduplication tokens (pure).
+
+A range is cut into offset windows of `block_offsets` offsets counted from the range start, so the
+same range always yields the same windows, whatever messages compaction left in it. Each window is
+one INSERT with its own `insert_deduplication_token`; a retry re-sends the identical windows.
+
+Token format (version 1), documented in README.md and pinned by tests:
+
+    chsink1|<sink>|<topic>|<partition>|<table>|<shard>|<first>-<last>
+
+where `<first>-<last>` are the window's bounds (not the offsets present), `<table>` is the target
+table (multi-table topics keep one state per table) and `<shard>` the shard index the window is
+sent to (0 when unsharded). `|` in a sink, topic or table name is escaped as `%7C`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .state_machine import OffsetRange
+
+TOKEN_VERSION = "chsink1"
+
+
+def _esc(part: str) -> str:
+    return part.replace("%", "%25").replace("|", "%7C")
+
+
+def dedup_token(sink: str, topic: str, partition: int, window: OffsetRange, table: str = "", shard: int = 0) -> str:
+    """The insert_deduplication_token of one window. Stable across versions of chsink 1.x."""
+    return "|".join(
+        (TOKEN_VERSION, _esc(sink), _esc(topic), str(partition), _esc(table), str(shard), f"{window.min}-{window.max}")
+    )
+
+
+def cut_windows(rng: OffsetRange, block_offsets: int) -> list[OffsetRange]:
+    """Cuts a range into windows of `block_offsets` offsets, counted from the range start."""
+    if block_offsets <= 0:
+        raise ValueError("block_offsets must be positive")
+    return [
+        OffsetRange(start, min(start + block_offsets - 1, rng.max))
+        for start in range(rng.min, rng.max + 1, block_offsets)
+    ]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One INSERT: rows of one window, column-oriented, in offset order."""
+
+    window: OffsetRange
+    token: str
+    columns: tuple[str, ...]
+    data: tuple[list[Any], ...]
+    offsets: tuple[int, ...]
+    shard: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets)
+
+
+def build_blocks(
+    rng: OffsetRange,
+    rows: Sequence[tuple[int, Sequence[Any]]],
+    columns: Sequence[str],
+    block_offsets: int,
+    token_of: Any,
+    shard: int = 0,
+) -> list[Block]:
+    """Groups decoded rows (offset, values) of `rng` into deterministic blocks.
+
+    `rows` must be in offset order and lie within `rng`; windows with no rows produce no block,
+    and a retry of the same range produces byte-identical blocks with identical tokens.
+    """
+    blocks: list[Block] = []
+    it = iter(rows)
+    pending = next(it, None)
+    for window in cut_windows(rng, block_offsets):
+        offs: list[int] = []
+        cols: list[list[Any]] = [[] for _ in columns]
+        while pending is not None and pending[0] <= window.max:
+            off, values = pending
+            if off < window.min:
+                raise ValueError(f"row at offset {off} is outside range {rng} or out of order")
+            offs.append(off)
+            for col, v in zip(cols, values, strict=True):
+                col.append(v)
+            pending = next(it, None)
+        if offs:
+            blocks.append(Block(window, token_of(window), tuple(columns), tuple(cols), tuple(offs), shard))
+    if pending is not None:
+        raise ValueError(f"row at offset {pending[0]} is outside range {rng}")
+    return blocks

@@ -1,0 +1,130 @@
+"""Inserting blocks into ClickHouse with their deduplication tokens, retries and recovery.
+
+A retry always re-sends the identical block with the identical token. When a BEFORE block is
+retried and the table carries `_topic`, `_partition` and `_offset`, the inserter first counts what
+already landed, so the end state holds each offset exactly once even after the deduplication
+window has expired: landed -> skip, not landed -> insert, partial -> insert only the missing rows
+(under their own deterministic token).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .blocks import Block
+from .schema import TableSchema
+
+log = logging.getLogger(__name__)
+
+# Error codes worth retrying: network, timeouts, Keeper hiccups, too many parts, memory pressure.
+_TRANSIENT_CODES = {3, 159, 164, 209, 210, 241, 242, 252, 319, 425, 999, 1000, 1002}
+_TRANSIENT_WORDS = ("timeout", "timed out", "connection", "temporarily", "too many parts", "keeper", "zookeeper",
+                    "broken pipe", "reset by peer", "network")
+
+
+class InsertError(RuntimeError):
+    """An insert failed permanently or ran out of retries."""
+
+
+def is_transient(e: Exception) -> bool:
+    text = str(e).lower()
+    code = getattr(e, "code", None)
+    return (isinstance(code, int) and code in _TRANSIENT_CODES) or any(w in text for w in _TRANSIENT_WORDS)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What a recovery check found for a retried block."""
+
+    landed: int
+    missing: tuple[int, ...]
+    duplicated: tuple[int, ...]
+
+
+class Inserter:
+    """Sends blocks to one ClickHouse endpoint (one shard)."""
+
+    def __init__(self, client: Any, schema: TableSchema, settings: dict[str, Any] | None = None,
+                 retries: int = 5, backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.client = client
+        self.schema = schema
+        self.settings = dict(settings or {})
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.sleep = sleep
+        self.inserted_rows = 0
+        self.inserts = 0
+        self.retried_inserts = 0
+
+    def insert(self, block: Block) -> None:
+        """Inserts one block; transient failures are retried with the identical block and token."""
+        settings = {
+            **self.settings,
+            "insert_deduplicate": 1,
+            "insert_deduplication_token": block.token,
+            # one insert must stay one ClickHouse block, or the token suffixes would depend on sizes
+            "max_insert_block_size": max(1_048_576, block.rows + 1),
+            "min_insert_block_size_rows": 0,
+            "min_insert_block_size_bytes": 0,
+        }
+        attempt = 0
+        while True:
+            try:
+                self.client.insert(self.schema.fqn, list(block.data), column_names=list(block.columns),
+                                   column_oriented=True, settings=settings)
+                self.inserts += 1
+                self.inserted_rows += block.rows
+                return
+            except Exception as e:
+                attempt += 1
+                if attempt > self.retries or not is_transient(e):
+                    raise InsertError(f"insert of {block.rows} rows (token {block.token}) into {self.schema.fqn} "
+                                      f"failed after {attempt} attempt(s): {e}") from e
+                self.retried_inserts += 1
+                delay = self.backoff_s * 2 ** (attempt - 1)
+                log.warning("transient insert error, retry %d/%d in %.1fs: %s", attempt, self.retries, delay, e)
+                self.sleep(delay)
+
+    def check(self, block: Block, topic: str, partition: int) -> Recovery:
+        """Counts the block's offsets already present in the table (needs the offset columns)."""
+        res = self.client.query(
+            f"SELECT _offset, count() FROM {self.schema.fqn} WHERE _topic = {{t:String}} "
+            f"AND _partition = {{p:Int64}} AND _offset BETWEEN {{lo:Int64}} AND {{hi:Int64}} GROUP BY _offset",
+            parameters={"t": topic, "p": partition, "lo": block.window.min, "hi": block.window.max},
+            settings={"select_sequential_consistency": 1} if self.settings.get("sequential") else None,
+        )
+        counts = {int(o): int(c) for o, c in res.result_rows}
+        present = set(block.offsets)
+        return Recovery(
+            landed=sum(1 for o in block.offsets if o in counts),
+            missing=tuple(o for o in block.offsets if o not in counts),
+            duplicated=tuple(sorted(o for o, c in counts.items() if c > 1 or o not in present)),
+        )
+
+    def retry(self, block: Block, topic: str, partition: int) -> Recovery | None:
+        """Re-sends a BEFORE block so the end state holds each of its offsets exactly once."""
+        if not self.schema.has_offset_columns:
+            self.insert(block)  # relies on the deduplication window; see README "Window limits"
+            return None
+        rec = self.check(block, topic, partition)
+        if rec.duplicated:
+            log.error("offsets %s of %s/%d appear more than once in %s before retry", rec.duplicated[:10],
+                      topic, partition, self.schema.fqn)
+        if not rec.missing:
+            return rec
+        if rec.landed == 0:
+            self.insert(block)
+            return rec
+        keep = [i for i, o in enumerate(block.offsets) if o in set(rec.missing)]
+        part = replace(
+            block,
+            token=f"{block.token}|rest:{rec.missing[0]}-{rec.missing[-1]}:{len(rec.missing)}",
+            data=tuple([col[i] for i in keep] for col in block.data),
+            offsets=tuple(block.offsets[i] for i in keep),
+        )
+        self.insert(part)
+        return rec

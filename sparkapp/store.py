@@ -1,0 +1,257 @@
+"""The per-partition state store in ClickHouse: KeeperMap (cluster-wide) or EmbeddedRocksDB (single node).
+
+One table serves many sinks; keys are namespaced by sink id. Every writer run holds an epoch taken
+from the sink's epoch row by compare-and-set. A transition is a conditional update
+(`... WHERE key = K AND epoch <= E`, with keeper_map_strict_mode so Keeper checks node versions) and is
+read back: a writer whose epoch was overtaken gets FencedError and stops.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .state_machine import OffsetRange, Phase, StoredState
+
+SCHEMA_VERSION = 1
+_STRICT = {"keeper_map_strict_mode": 1}
+
+
+class Engine(enum.Enum):
+    KEEPER_MAP = "KeeperMap"
+    ROCKSDB = "EmbeddedRocksDB"
+
+
+class FencedError(RuntimeError):
+    """This writer's epoch is stale: a newer writer run owns the sink or the partition."""
+
+
+class StateStoreError(RuntimeError):
+    """The state table cannot be used (wrong schema version, unreachable Keeper...)."""
+
+
+@dataclass(frozen=True, order=True)
+class PartitionKey:
+    """State is kept per sink, topic, partition and target table (multi-table topics)."""
+
+    sink: str
+    topic: str
+    partition: int
+    table: str = ""
+
+    @property
+    def key(self) -> str:
+        return "/".join(_esc(p) for p in (self.sink, self.topic, str(self.partition), self.table))
+
+    def __str__(self) -> str:
+        return f"sink {self.sink} {self.topic}/{self.partition}" + (f" table {self.table}" if self.table else "")
+
+
+def _esc(s: str) -> str:
+    return s.replace("%", "%25").replace("/", "%2F")
+
+
+@dataclass(frozen=True)
+class StateRow:
+    """A stored partition row, with the fencing and layout fields next to the state machine's view."""
+
+    pk: PartitionKey
+    state: StoredState
+    owner: str
+    shard: int
+    dlq_done: bool
+    updated_at: dt.datetime
+
+
+_COLUMNS = (
+    "key String, kind Enum8('partition' = 1, 'epoch' = 2, 'schema' = 3), sink String, topic String, "
+    "partition Int32, target String, phase Enum8('NONE' = 0, 'BEFORE' = 1, 'AFTER' = 2), "
+    "min_offset Int64, max_offset Int64, epoch UInt64, owner String, layout UInt32, shard UInt32, "
+    "dlq_done UInt8, updated_at DateTime64(3, 'UTC')"
+)
+_SELECT = "key, sink, topic, partition, target, phase, min_offset, max_offset, epoch, owner, layout, shard, dlq_done, updated_at"
+
+
+def _is_node_exists(e: Exception) -> bool:
+    text = str(e)
+    return "Node exists" in text or "KEEPER_EXCEPTION" in text and "exists" in text.lower()
+
+
+class StateStore:
+    """State rows over ClickHouse SQL. All methods are IO; the state machine stays pure."""
+
+    def __init__(self, client: Any, table: str, engine: Engine = Engine.KEEPER_MAP,
+                 keeper_path: str | None = None, database: str | None = None) -> None:
+        self.client = client
+        self.engine = engine
+        self.database = database or client.database or "default"
+        self.table = table
+        self.keeper_path = keeper_path or f"/chsink/{self.database}/{table}"
+        self.fqn = f"`{self.database}`.`{table}`"
+
+    # ---- schema -----------------------------------------------------------------------------
+
+    def ensure_schema(self) -> None:
+        """Creates the table if missing and checks its schema version; idempotent."""
+        engine = f"KeeperMap('{self.keeper_path}')" if self.engine is Engine.KEEPER_MAP else "EmbeddedRocksDB"
+        self.client.command(f"CREATE TABLE IF NOT EXISTS {self.fqn} ({_COLUMNS}) ENGINE = {engine} PRIMARY KEY key")
+        rows = self._select("key = '__schema__'")
+        if not rows:
+            try:
+                self._insert([self._row("__schema__", "schema", epoch=SCHEMA_VERSION)], strict=True)
+            except Exception as e:
+                if not _is_node_exists(e):
+                    raise
+            rows = self._select("key = '__schema__'")
+        version = int(rows[0][8])
+        if version > SCHEMA_VERSION:
+            raise StateStoreError(
+                f"state table {self.fqn} has schema v{version}, newer than this chsink (v{SCHEMA_VERSION}); upgrade chsink"
+            )
+
+    # ---- epochs -----------------------------------------------------------------------------
+
+    def acquire_epoch(self, sink: str, owner: str | None = None, attempts: int = 20) -> int:
+        """Takes the next epoch of the sink by compare-and-set; older writer runs are fenced from then on."""
+        owner = owner or uuid.uuid4().hex
+        key = self._epoch_key(sink)
+        for _ in range(attempts):
+            rows = self._select(f"key = {_q(key)}")
+            if not rows:
+                try:
+                    self._insert([self._row(key, "epoch", sink=sink, epoch=1, owner=owner)], strict=True)
+                except Exception as e:
+                    if not _is_node_exists(e):
+                        raise
+                    continue
+            else:
+                current = int(rows[0][8])
+                self._update(f"epoch = {current + 1}, owner = {_q(owner)}, updated_at = now64(3)",
+                             f"key = {_q(key)} AND epoch = {current}")
+            rows = self._select(f"key = {_q(key)}")
+            if rows and rows[0][9] == owner:
+                return int(rows[0][8])
+            time.sleep(0.05)
+        raise StateStoreError(f"could not acquire an epoch for sink {sink} after {attempts} attempts (contention)")
+
+    def current_epoch(self, sink: str) -> int:
+        rows = self._select(f"key = {_q(self._epoch_key(sink))}")
+        return int(rows[0][8]) if rows else 0
+
+    # ---- partition state ----------------------------------------------------------------------
+
+    def get(self, pk: PartitionKey) -> StateRow | None:
+        rows = self._select(f"key = {_q(pk.key)}")
+        return self._state_row(rows[0]) if rows else None
+
+    def get_many(self, pks: Iterable[PartitionKey]) -> dict[PartitionKey, StateRow]:
+        keys = {pk.key: pk for pk in pks}
+        if not keys:
+            return {}
+        rows = self._select(f"key IN ({', '.join(map(_q, keys))})")
+        return {keys[r[0]]: self._state_row(r) for r in rows}
+
+    def list(self, sink: str) -> list[StateRow]:
+        rows = self._select(f"kind = 'partition' AND sink = {_q(sink)}")
+        return sorted((self._state_row(r) for r in rows), key=lambda s: s.pk)
+
+    def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
+        """Records BEFORE over the range: from here on, a crash leads to an identical retry."""
+        sink_epoch = self.current_epoch(pk.sink)
+        if sink_epoch > epoch:
+            raise FencedError(f"{pk}: writer epoch {epoch} is stale; sink epoch is now {sink_epoch}")
+        self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard)
+
+    def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
+        """Records AFTER: the range is acknowledged by ClickHouse."""
+        self._transition(pk, rng, Phase.AFTER, epoch, layout, shard)
+
+    def check_fence(self, pk: PartitionKey, epoch: int) -> StateRow | None:
+        """Raises FencedError when a newer epoch owns the partition; called right before inserting."""
+        row = self.get(pk)
+        if row is not None and row.state.epoch > epoch:
+            raise FencedError(f"{pk}: writer epoch {epoch} is stale; partition taken over by epoch {row.state.epoch}")
+        return row
+
+    def mark_dlq_done(self, pk: PartitionKey, epoch: int) -> None:
+        self._update("dlq_done = 1, updated_at = now64(3)", f"key = {_q(pk.key)} AND epoch <= {epoch}")
+
+    def delete(self, sink: str, partitions: Iterable[tuple[str, int]] | None = None) -> int:
+        """Deletes a sink's partition rows (all, or the given (topic, partition) pairs); returns how many."""
+        cond = f"kind = 'partition' AND sink = {_q(sink)}"
+        if partitions is not None:
+            pairs = [f"({_q(t)}, {int(p)})" for t, p in partitions]
+            if not pairs:
+                return 0
+            cond += f" AND (topic, partition) IN ({', '.join(pairs)})"
+        n = len(self._select(cond))
+        if n:
+            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE {cond}", settings=_STRICT)
+        if partitions is None:
+            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE key = {_q(self._epoch_key(sink))}",
+                                settings=_STRICT)
+        return n
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _transition(self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int, shard: int) -> None:
+        existing = self.get(pk)
+        if existing is not None and existing.state.epoch > epoch:
+            raise FencedError(f"{pk}: writer epoch {epoch} is stale; partition owned by epoch {existing.state.epoch}")
+        dlq_done = int(existing is not None and existing.dlq_done and existing.state.range == rng)
+        if existing is None:
+            row = self._row(pk.key, "partition", sink=pk.sink, topic=pk.topic, partition=pk.partition,
+                            target=pk.table, phase=phase.value, min_offset=rng.min, max_offset=rng.max,
+                            epoch=epoch, layout=layout, shard=shard)
+            try:
+                self._insert([row], strict=True)
+            except Exception as e:
+                if not _is_node_exists(e):
+                    raise
+                return self._transition(pk, rng, phase, epoch, layout, shard)  # raced: re-check the fence
+        else:
+            self._update(
+                f"phase = '{phase.value}', min_offset = {rng.min}, max_offset = {rng.max}, epoch = {epoch}, "
+                f"layout = {layout}, shard = {shard}, dlq_done = {dlq_done}, updated_at = now64(3)",
+                f"key = {_q(pk.key)} AND epoch <= {epoch}",
+            )
+        after = self.get(pk)
+        if after is None or after.state != StoredState(rng, phase, epoch, layout):
+            owner = after.state.epoch if after else "nobody (row deleted)"
+            raise FencedError(f"{pk}: transition to {phase.value} {rng} by epoch {epoch} lost to epoch {owner}")
+        return None
+
+    def _epoch_key(self, sink: str) -> str:
+        return f"{_esc(sink)}/__epoch__"
+
+    def _row(self, key: str, kind: str, **kw: Any) -> list[Any]:
+        return [key, kind, kw.get("sink", ""), kw.get("topic", ""), kw.get("partition", 0), kw.get("target", ""),
+                kw.get("phase", "NONE"), kw.get("min_offset", 0), kw.get("max_offset", 0), kw.get("epoch", 0),
+                kw.get("owner", ""), kw.get("layout", 0), kw.get("shard", 0), 0,
+                dt.datetime.now(dt.UTC)]
+
+    def _insert(self, rows: list[list[Any]], strict: bool = False) -> None:
+        names = ["key", "kind", "sink", "topic", "partition", "target", "phase", "min_offset", "max_offset",
+                 "epoch", "owner", "layout", "shard", "dlq_done", "updated_at"]
+        self.client.insert(self.fqn, rows, column_names=names, settings=_STRICT if strict else None)
+
+    def _update(self, assignments: str, where: str) -> None:
+        self.client.command(f"ALTER TABLE {self.fqn} UPDATE {assignments} WHERE {where}", settings=_STRICT)
+
+    def _select(self, where: str) -> list[tuple[Any, ...]]:
+        return self.client.query(f"SELECT {_SELECT} FROM {self.fqn} WHERE {where}").result_rows  # type: ignore[no-any-return]
+
+    def _state_row(self, r: tuple[Any, ...]) -> StateRow:
+        pk = PartitionKey(r[1], r[2], int(r[3]), r[4])
+        state = StoredState(OffsetRange(int(r[6]), int(r[7])), Phase(r[5]), int(r[8]), int(r[10]))
+        return StateRow(pk, state, r[9], int(r[11]), bool(r[12]), r[13])
+
+
+def _q(s: str) -> str:
+    """Quotes a string literal for ClickHouse SQL."""
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
