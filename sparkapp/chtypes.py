@@ -44,7 +44,9 @@ class CHType:
         return f"{self.name}({', '.join(parts)})"
 
 
-_TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^'\\]|\\.)*')|(?P<num>-?\d+)|(?P<id>[A-Za-z_][A-Za-z0-9_.]*|`[^`]+`)|(?P<p>[(),=]))")
+_TOKEN = re.compile(
+    r"\s*(?:(?P<str>'(?:[^'\\]|\\.)*')|(?P<num>-?\d+)|(?P<id>[A-Za-z_][A-Za-z0-9_.]*|`[^`]+`)|(?P<p>[(),=]))"
+)
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -182,7 +184,7 @@ def _float_conv(name: str) -> Converter:
 
 def _decimal_conv(t: CHType) -> Converter:
     if t.name == "Decimal":
-        p, s = (t.args + (0,))[:2] if len(t.args) == 1 else t.args
+        p, s = (*t.args, 0)[:2] if len(t.args) == 1 else t.args
     else:  # Decimal32(S) etc.
         p, s = {"Decimal32": 9, "Decimal64": 18, "Decimal128": 38, "Decimal256": 76}[t.name], t.args[0]
     quantum = decimal.Decimal(1).scaleb(-s)

@@ -15,7 +15,7 @@ HEADER_SINK = "chsink.sink"
 HEADER_TIMESTAMP = "chsink.timestamp"
 
 
-def dead_letter_headers(sink: str, d: DeadLetter) -> list[tuple[str, bytes]]:
+def dead_letter_headers(sink: str, d: DeadLetter) -> list[tuple[str, str | bytes | None]]:
     m = d.message
     return [
         (HEADER_REASON, d.reason.encode()),

@@ -66,7 +66,8 @@ def load_schema(client: Any, database: str, table: str) -> TableSchema:
     )
     if not res.result_rows:
         raise SchemaError(
-            f"target table `{database}`.`{table}` does not exist (or has no columns); create it before starting the sink"
+            f"target table `{database}`.`{table}` does not exist (or has no columns); "
+            "create it before starting the sink"
         )
     rows = []
     for name, type_text, kind, expr in res.result_rows:
@@ -76,8 +77,8 @@ def load_schema(client: Any, database: str, table: str) -> TableSchema:
                 default = client.query(f"SELECT {expr}").result_rows[0][0]
             except Exception as e:  # references other columns: fall back to the type's zero value
                 raise SchemaError(
-                    f"column `{name}` of `{database}`.`{table}` has a DEFAULT that depends on other columns "
-                    f"({expr}); chsink needs constant defaults"
+                    f"column `{name}` of `{database}`.`{table}` has a DEFAULT that depends on other "
+                    f"columns ({expr}); chsink needs constant defaults"
                 ) from e
             default = _normalize_default(default)
         rows.append((name, type_text, kind, default))

@@ -9,6 +9,7 @@ identically, which new range to insert, and which to dead-letter. Kafka offsets 
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -107,7 +108,7 @@ def plan_batch(
     """
     if not offsets:
         return Plan(Case.EMPTY)
-    if any(b <= a for a, b in zip(offsets, offsets[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(offsets)):
         raise ValueError(f"{where}: batch offsets are not strictly increasing")
     lo, hi = offsets[0], offsets[-1]
     if stored is None:

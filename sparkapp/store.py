@@ -74,12 +74,16 @@ _COLUMNS = (
     "min_offset Int64, max_offset Int64, epoch UInt64, owner String, layout UInt32, shard UInt32, "
     "dlq_done UInt8, updated_at DateTime64(3, 'UTC')"
 )
-_SELECT = "key, sink, topic, partition, target, phase, min_offset, max_offset, epoch, owner, layout, shard, dlq_done, updated_at"
+_NAMES = (
+    "key", "kind", "sink", "topic", "partition", "target", "phase", "min_offset", "max_offset",
+    "epoch", "owner", "layout", "shard", "dlq_done", "updated_at",
+)
+_SELECT = ", ".join(n for n in _NAMES if n != "kind")
 
 
 def _is_node_exists(e: Exception) -> bool:
     text = str(e)
-    return "Node exists" in text or "KEEPER_EXCEPTION" in text and "exists" in text.lower()
+    return "Node exists" in text or ("KEEPER_EXCEPTION" in text and "exists" in text.lower())
 
 
 class StateStore:
@@ -111,7 +115,8 @@ class StateStore:
         version = int(rows[0][8])
         if version > SCHEMA_VERSION:
             raise StateStoreError(
-                f"state table {self.fqn} has schema v{version}, newer than this chsink (v{SCHEMA_VERSION}); upgrade chsink"
+                f"state table {self.fqn} has schema v{version}, newer than this chsink "
+                f"(v{SCHEMA_VERSION}); upgrade chsink"
             )
 
     # ---- epochs -----------------------------------------------------------------------------
@@ -156,7 +161,7 @@ class StateStore:
         rows = self._select(f"key IN ({', '.join(map(_q, keys))})")
         return {keys[r[0]]: self._state_row(r) for r in rows}
 
-    def list(self, sink: str) -> list[StateRow]:
+    def list_sink(self, sink: str) -> list[StateRow]:
         rows = self._select(f"kind = 'partition' AND sink = {_q(sink)}")
         return sorted((self._state_row(r) for r in rows), key=lambda s: s.pk)
 
@@ -199,7 +204,9 @@ class StateStore:
 
     # ---- internals ----------------------------------------------------------------------------
 
-    def _transition(self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int, shard: int) -> None:
+    def _transition(
+        self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int, shard: int
+    ) -> None:
         existing = self.get(pk)
         if existing is not None and existing.state.epoch > epoch:
             raise FencedError(f"{pk}: writer epoch {epoch} is stale; partition owned by epoch {existing.state.epoch}")
@@ -236,15 +243,14 @@ class StateStore:
                 dt.datetime.now(dt.UTC)]
 
     def _insert(self, rows: list[list[Any]], strict: bool = False) -> None:
-        names = ["key", "kind", "sink", "topic", "partition", "target", "phase", "min_offset", "max_offset",
-                 "epoch", "owner", "layout", "shard", "dlq_done", "updated_at"]
-        self.client.insert(self.fqn, rows, column_names=names, settings=_STRICT if strict else None)
+        self.client.insert(self.fqn, rows, column_names=list(_NAMES), settings=_STRICT if strict else None)
 
     def _update(self, assignments: str, where: str) -> None:
         self.client.command(f"ALTER TABLE {self.fqn} UPDATE {assignments} WHERE {where}", settings=_STRICT)
 
     def _select(self, where: str) -> list[tuple[Any, ...]]:
-        return self.client.query(f"SELECT {_SELECT} FROM {self.fqn} WHERE {where}").result_rows  # type: ignore[no-any-return]
+        rows: list[tuple[Any, ...]] = self.client.query(f"SELECT {_SELECT} FROM {self.fqn} WHERE {where}").result_rows
+        return rows
 
     def _state_row(self, r: tuple[Any, ...]) -> StateRow:
         pk = PartitionKey(r[1], r[2], int(r[3]), r[4])

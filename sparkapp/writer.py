@@ -16,7 +16,7 @@ from .blocks import build_blocks, dedup_token
 from .decode import DeadLetter, Message, decode_batch
 from .insert import Inserter
 from .state_machine import Case, MissingPolicy, OffsetRange, plan_batch
-from .store import PartitionKey, StateStore
+from .store import FencedError, PartitionKey, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
     """Delivers one partition's batch exactly once. Raises FencedError when a newer run took over."""
     msgs = _ordered(messages)
     row = ctx.store.get(pk)
+    if row is not None and row.state.epoch > ctx.epoch:  # before planning: a stale run must not act
+        raise FencedError(f"{pk}: writer epoch {ctx.epoch} is stale; partition owned by epoch {row.state.epoch}")
     stored = row.state if row else None
     final_policy = MissingPolicy.DEAD_LETTER if ctx.dlq else MissingPolicy.ERROR
     plan = plan_batch(str(pk), stored, [m.offset for m in msgs],
@@ -83,9 +85,10 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
         note = "; ".join(plan.notes) or f"stored BEFORE range not reproducible ({rng})"
         _send_dead(ctx, pk, [DeadLetter(m, note) for m in msgs if m.offset in rng])
         result.dead_lettered += sum(1 for m in msgs if m.offset in rng)
-    for rng, retry in ((plan.retry, True), (plan.insert, False)):
-        if rng is None:
+    for maybe, retry in ((plan.retry, True), (plan.insert, False)):
+        if maybe is None:
             continue
+        rng = maybe
         ctx.fault("before_begin")
         ctx.store.begin(pk, rng, ctx.epoch, ctx.layout, ctx.shard)
         ctx.fault("after_begin")

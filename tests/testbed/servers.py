@@ -58,10 +58,15 @@ class ZooKeeper(ManagedProcess):
             return s.recv(16) == b"imok"
 
     def clickhouse_config(self, path: Path, prefix: str = "/chsink_keeper_map") -> Path:
-        """A ClickHouse config that points chdb's Keeper client at this server."""
+        """A ClickHouse config that points chdb's Keeper client at this server.
+
+        chdb's server UUID is all zeros, so two chdb processes on one ZooKeeper would collide on
+        /clickhouse/sessions/zookeeper/<uuid>: every config file gets its own sessions_path.
+        """
         path.write_text(
             "<clickhouse>\n"
             f"  <zookeeper><node><host>127.0.0.1</host><port>{self.port}</port></node>"
+            f"<sessions_path>/clickhouse/sessions-{uuid.uuid4().hex[:12]}</sessions_path>"
             "<session_timeout_ms>15000</session_timeout_ms><operation_timeout_ms>10000</operation_timeout_ms>"
             "</zookeeper>\n"
             f"  <keeper_map_path_prefix>{prefix}</keeper_map_path_prefix>\n"
