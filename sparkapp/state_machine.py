@@ -100,11 +100,14 @@ def plan_batch(
     stored: StoredState | None,
     offsets: Sequence[int],
     missing: MissingPolicy = MissingPolicy.DEAD_LETTER,
+    replay_below: bool = False,
 ) -> Plan:
     """Decides the plan for one partition's batch.
 
     `where` names the sink/topic/partition for error messages. `offsets` must be strictly
-    increasing (one task reads one partition in order).
+    increasing (one task reads one partition in order). `replay_below` treats a batch wholly below
+    the stored range as an already-delivered replay instead of an error: for multi-table topics,
+    where a partition restarts at the slowest table's position and the others see old offsets.
     """
     if not offsets:
         return Plan(Case.EMPTY)
@@ -115,10 +118,13 @@ def plan_batch(
         return Plan(Case.FIRST, insert=OffsetRange(lo, hi))
 
     s = stored.range
+    if hi < s.min and replay_below:
+        return Plan(Case.CONTAINED, skip=(OffsetRange(lo, hi),))
     if hi < s.min:
         raise IrrecoverableStateError(
             f"{where}: batch {OffsetRange(lo, hi)} lies wholly below the stored {stored.phase.value} range {s}; "
-            "Kafka offsets were reset or the topic was recreated. Reset this partition's state "
+            "Kafka offsets were reset, the topic was recreated, or an older Spark checkpoint was restored "
+            "(delete it: the state store is the source of truth). Reset this partition's state "
             "(`python -m sparkapp state reset`) only after checking the target table."
         )
     skip: list[OffsetRange] = []

@@ -47,6 +47,7 @@ class WriterContext:
     refetch: Refetch | None = None
     layout: int = 0
     shard: int = 0
+    replay_below: bool = False
     fault: Callable[[str], None] = field(default=lambda step: None)
 
 
@@ -70,12 +71,12 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
     stored = row.state if row else None
     final_policy = MissingPolicy.DEAD_LETTER if ctx.dlq else MissingPolicy.ERROR
     plan = plan_batch(str(pk), stored, [m.offset for m in msgs],
-                      MissingPolicy.REFETCH if ctx.refetch else final_policy)
+                      MissingPolicy.REFETCH if ctx.refetch else final_policy, ctx.replay_below)
     if plan.refetch is not None and ctx.refetch is not None:
         again = ctx.refetch(pk.topic, pk.partition, plan.refetch)
         log.info("%s: re-read stored BEFORE range %s from Kafka (%d messages)", pk, plan.refetch, len(again))
         msgs = _ordered([*again, *msgs])
-        plan = plan_batch(str(pk), stored, [m.offset for m in msgs], final_policy)
+        plan = plan_batch(str(pk), stored, [m.offset for m in msgs], final_policy, ctx.replay_below)
     result = PartitionResult(pk, plan.case, skipped=sum(1 for m in msgs for r in plan.skip if m.offset in r))
     if not (plan.retry or plan.insert or plan.dead_letter):
         return result

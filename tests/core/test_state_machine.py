@@ -90,6 +90,10 @@ def test_irrecoverable_names_sink_partition_and_ranges():
         plan_batch(W, S(10, 20, Phase.BEFORE), [0, 1, 3])
 
 
+def test_replay_below_is_skipped_when_asked():
+    assert plan_batch(W, S(10, 20, Phase.AFTER), [0, 3], replay_below=True) == Plan(Case.CONTAINED, skip=(R(0, 3),))
+
+
 def test_gaps_define_ranges_by_present_offsets():
     # compaction left 0, 4, 9; the stored range [4, 9] is held although 5..8 do not exist
     assert plan_batch(W, S(4, 9, Phase.BEFORE), [0, 4, 9, 12]) == Plan(

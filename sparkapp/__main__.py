@@ -1,0 +1,97 @@
+"""`python -m sparkapp run|verify|state` — the job's entry point (also the SparkApplication's main file).
+
+Exit codes: 0 ok, 1 verifier anomalies or a runtime failure, 2 configuration error, 3 fenced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from .config import ConfigError, load_config
+from .store import FencedError
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sparkapp", description="chsink: exactly-once Kafka -> ClickHouse")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run the streaming job")
+    run.add_argument("--config", required=True)
+    run.add_argument("--until-idle", type=float, help="stop gracefully after this many seconds without new data")
+    run.add_argument("--max-seconds", type=float, help="stop gracefully after this many seconds")
+    run.add_argument("--quiet", action="store_true")
+    ver = sub.add_parser("verify", help="compare Kafka, ClickHouse and the DLQ offset by offset")
+    ver.add_argument("--config", required=True)
+    ver.add_argument("--json", action="store_true")
+    st = sub.add_parser("state", help="inspect or reset the sink's per-partition state")
+    st.add_argument("action", choices=["list", "reset"])
+    st.add_argument("--config", required=True)
+    st.add_argument("--partition", action="append", default=[], metavar="TOPIC:N",
+                    help="reset only these partitions (repeatable)")
+    st.add_argument("--yes", action="store_true", help="confirm a reset")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("py4j", "kazoo", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        cfg = load_config(args.config)
+        if args.cmd == "run":
+            from .job import SinkJob
+
+            return SinkJob(cfg, quiet=args.quiet).run(until_idle=args.until_idle, max_seconds=args.max_seconds)
+        if args.cmd == "verify":
+            from .verify import verify
+
+            report = verify(cfg)
+            print(report.to_json() if args.json else report.to_text())
+            return 0 if report.ok else 1
+        return _state(cfg, args)
+    except ConfigError as e:
+        print(f"chsink: configuration error: {e}", file=sys.stderr)
+        return 2
+    except FencedError as e:
+        print(f"chsink: fenced: {e}", file=sys.stderr)
+        return 3
+
+
+def _state(cfg: object, args: argparse.Namespace) -> int:
+    from .clients import clickhouse_client
+    from .config import SinkConfig
+    from .runtime import state_store
+
+    assert isinstance(cfg, SinkConfig)
+    store = state_store(cfg, clickhouse_client(cfg.clickhouse))
+    store.ensure_schema()
+    if args.action == "list":
+        rows = store.list_sink(cfg.name)
+        print(f"{'TOPIC':<24} {'PART':>4} {'TABLE':<16} {'STATE':<6} {'MIN':>12} {'MAX':>12} {'EPOCH':>5} UPDATED")
+        for r in rows:
+            s = r.state
+            print(f"{r.pk.topic:<24} {r.pk.partition:>4} {r.pk.table or '-':<16} {s.phase.value:<6} "
+                  f"{s.range.min:>12} {s.range.max:>12} {s.epoch:>5} {r.updated_at:%Y-%m-%d %H:%M:%S}")
+        print(f"{len(rows)} partition state row(s) for sink {cfg.name} (current epoch {store.current_epoch(cfg.name)})")
+        return 0
+    partitions = None
+    if args.partition:
+        try:
+            partitions = [(t, int(p)) for t, p in (x.rsplit(":", 1) for x in args.partition)]
+        except ValueError:
+            raise ConfigError(f"--partition takes TOPIC:N, got {args.partition}") from None
+    what = ", ".join(f"{t}/{p}" for t, p in partitions) if partitions else "ALL partitions"
+    if not args.yes:
+        print(f"refusing to reset {what} of sink {cfg.name} without --yes. Stop the job first: after a reset it "
+              "starts from its checkpoint or the earliest offset, which may insert rows again.", file=sys.stderr)
+        return 2
+    n = store.delete(cfg.name, partitions)
+    print(f"deleted {n} state row(s) of sink {cfg.name} ({what})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""ClickHouse clients from the sink config: HTTP in executors, chdb (one engine per process) on the driver."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .config import ClickHouseConfig, ConfigError
+
+_CHDB_CLIENTS: dict[tuple[str, str | None], Any] = {}
+
+
+def redact_dsn(dsn: str) -> str:
+    return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", dsn)
+
+
+def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Any:
+    """A client for one endpoint (default: the first); connection problems become ConfigError."""
+    import clickhouse_connect
+
+    dsn = endpoint or cfg.endpoints[0]
+    try:
+        if dsn.startswith("chdb://"):
+            key = (dsn, cfg.chdb_config_file)
+            if key not in _CHDB_CLIENTS:
+                opts = {"config-file": cfg.chdb_config_file} if cfg.chdb_config_file else None
+                _CHDB_CLIENTS[key] = clickhouse_connect.get_client(dsn=dsn, chdb_options=opts)
+            client = _CHDB_CLIENTS[key]
+        else:
+            password = cfg.password.resolve("clickhouse.password") if cfg.password else None
+            kw: dict[str, Any] = {"dsn": dsn, "connect_timeout": 10, "send_receive_timeout": 300}
+            if cfg.username:
+                kw["username"] = cfg.username
+            if password is not None:
+                kw["password"] = password
+            client = clickhouse_connect.get_client(**kw)
+        client.command(f"CREATE DATABASE IF NOT EXISTS `{cfg.database}`")
+        client.database = cfg.database
+        return client
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {str(e).splitlines()[0][:300]}") from None

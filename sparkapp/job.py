@@ -1,0 +1,271 @@
+"""The Spark Structured Streaming job: Kafka source -> foreachBatch -> one writer call per topic-partition.
+
+Each micro-batch keeps the Kafka source's partitioning (one Spark partition per Kafka
+topic-partition, never split, no shuffle). With HTTP endpoints every partition is written by its
+executor task (mapInArrow); with a chdb endpoint (one engine per process) the batch is brought to
+the driver as Arrow and written there. The state store, not the checkpoint, decides where a
+partition resumes: without a checkpoint the starting offsets are read from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import ConfigError, SinkConfig
+from .decode import Message
+from .dlq import KafkaDeadLetterSink
+from .kafka_io import topic_partitions
+from .runtime import Runtime, starting_offsets, state_store
+from .schema import load_schema
+
+log = logging.getLogger("chsink.job")
+STOP_MARKER = "chsink: stop requested"
+_RESULT_SCHEMA = "topic string, partition int, rows long, inserted long, dead long, cases string"
+_EXECUTOR_RUNTIMES: dict[tuple[str, int], Runtime] = {}
+
+
+def build_session(cfg: SinkConfig) -> Any:
+    from pyspark.sql import SparkSession
+
+    conf = dict(cfg.spark_conf)
+    if conf.get("spark.speculation", "false").lower() != "false":
+        log.warning("spark.speculation=true ignored: a speculative task would write a partition twice")
+    conf["spark.speculation"] = "false"
+    conf.setdefault("spark.sql.session.timeZone", "UTC")
+    conf.setdefault("spark.ui.showConsoleProgress", "false")
+    builder = SparkSession.builder.appName(f"chsink-{cfg.name}")
+    if not os.environ.get("SPARK_ENV_LOADED") and "spark.master" not in conf:
+        builder = builder.master(os.environ.get("CHSINK_SPARK_MASTER", "local[2]"))
+    jars = os.environ.get("CHSINK_SPARK_JARS")
+    if jars and "spark.jars" not in conf:
+        conf["spark.jars"] = jars
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
+def checkpoint_exists(spark: Any, location: str) -> bool:
+    """True when the checkpoint has committed offsets (any Hadoop filesystem: local, s3a, hdfs...)."""
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/offsets")
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    return bool(fs.exists(path)) and len(fs.listStatus(path)) > 0
+
+
+def arrow_to_messages(tbl: Any) -> Iterator[tuple[str, int, list[Message]]]:
+    """Groups an Arrow batch of Kafka rows into per-topic-partition message lists, offset-ordered."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if tbl.num_rows == 0:
+        return
+    tbl = tbl.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+    ts = pc.cast(tbl.column("timestamp"), pa.int64()).to_pylist()
+    cols = {n: tbl.column(n).to_pylist() for n in ("topic", "partition", "offset", "key", "value")}
+    headers = tbl.column("headers").to_pylist() if "headers" in tbl.column_names else None
+    start = 0
+    n = tbl.num_rows
+    for i in range(1, n + 1):
+        if i == n or cols["topic"][i] != cols["topic"][start] or cols["partition"][i] != cols["partition"][start]:
+            topic, part = cols["topic"][start], cols["partition"][start]
+            msgs = [
+                Message(topic, part, cols["offset"][j], cols["value"][j], cols["key"][j], (ts[j] or 0) // 1000,
+                        tuple((h["key"], h["value"] or b"") for h in (headers[j] or [])) if headers else ())
+                for j in range(start, i)
+            ]
+            yield topic, part, msgs
+            start = i
+
+
+def _executor_fn(cfg_json: str, epoch: int) -> Any:
+    """mapInArrow body: runs in an executor's Python worker, one Kafka partition per task."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        got = list(batches)
+        if not got:
+            return
+        tbl = pa.Table.from_batches(got)
+        key = (cfg_json, epoch)
+        if key not in _EXECUTOR_RUNTIMES:
+            _EXECUTOR_RUNTIMES[key] = Runtime.open(SinkConfig.model_validate_json(cfg_json), epoch)
+        rt = _EXECUTOR_RUNTIMES[key]
+        groups = list(arrow_to_messages(tbl))
+        if len(groups) > 1:
+            raise RuntimeError(f"a task received {len(groups)} Kafka partitions; chsink needs one per task")
+        for topic, part, msgs in groups:
+            results = rt.process(topic, part, msgs)
+            yield pa.RecordBatch.from_pylist([_result_row(topic, part, len(msgs), results)],
+                                             schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()),
+                                                               ("rows", pa.int64()), ("inserted", pa.int64()),
+                                                               ("dead", pa.int64()), ("cases", pa.string())]))
+
+    return run
+
+
+def _result_row(topic: str, part: int, rows: int, results: list[Any]) -> dict[str, Any]:
+    return {"topic": topic, "partition": part, "rows": rows, "inserted": sum(r.inserted_rows for r in results),
+            "dead": sum(r.dead_lettered for r in results), "cases": ",".join(r.case.value for r in results)}
+
+
+@dataclass
+class Progress:
+    batches: int = 0
+    rows: int = 0
+    inserted: int = 0
+    dead: int = 0
+    started: float = field(default_factory=time.monotonic)
+    last_batch_s: float = 0.0
+    last_data: float = field(default_factory=time.monotonic)
+    lag: int | None = None
+
+
+class SinkJob:
+    """One run of the sink: a new epoch, a streaming query, graceful stop on SIGTERM."""
+
+    def __init__(self, cfg: SinkConfig, progress_every: float = 5.0, quiet: bool = False) -> None:
+        self.cfg = cfg
+        self.progress = Progress()
+        self.progress_every = progress_every
+        self.quiet = quiet
+        self.stopping = threading.Event()
+        self.in_batch = threading.Lock()
+        self.runtime: Runtime | None = None
+        self.epoch = 0
+
+    def preflight(self) -> dict[str, int]:
+        """Checks everything a user can get wrong before Spark starts; raises ConfigError."""
+        k = self.cfg.kafka
+        parts = topic_partitions(k)
+        ch = self.cfg.clickhouse
+        from .clients import clickhouse_client
+
+        client = clickhouse_client(ch)
+        for topic in parts:
+            table = ch.table_for(topic)
+            if table is None and not ch.routed:
+                raise ConfigError(f"clickhouse.tables: no table for topic {topic!r} (add it or a '*' entry)")
+            if table is not None:
+                try:
+                    load_schema(client, ch.database, table)
+                except Exception as e:
+                    raise ConfigError(f"clickhouse.tables[{topic!r}]: {e}") from None
+        store = state_store(self.cfg, client)
+        store.ensure_schema()
+        self.epoch = store.acquire_epoch(self.cfg.name, owner=f"{socket.gethostname()}:{os.getpid()}")
+        self.starting = starting_offsets(store, self.cfg.name, parts)
+        if ch.embedded:
+            dlq = KafkaDeadLetterSink(self.cfg.dlq.topic, k.client_options()) if self.cfg.dlq.topic else None
+            self.runtime = Runtime(self.cfg, self.epoch, client, store, dlq)
+        return parts
+
+    def handle_batch(self, batch_df: Any, batch_id: int) -> None:
+        if self.stopping.is_set():
+            raise RuntimeError(STOP_MARKER)  # fails this batch before any write: the checkpoint stays put
+        with self.in_batch:
+            t0 = time.monotonic()
+            cols = ["topic", "partition", "offset", "key", "value", "timestamp"]
+            if self.cfg.clickhouse.table_header:
+                cols.append("headers")
+            df = batch_df.select(*cols)
+            rows: list[dict[str, Any]] = []
+            if self.runtime is not None:  # chdb: write on the driver
+                for topic, part, msgs in arrow_to_messages(df.toArrow()):
+                    rows.append(_result_row(topic, part, len(msgs), self.runtime.process(topic, part, msgs)))
+            else:  # HTTP: each executor task writes its own partition
+                fn = _executor_fn(self.cfg.model_dump_json(by_alias=True), self.epoch)
+                rows = [r.asDict() for r in df.mapInArrow(fn, _RESULT_SCHEMA).collect()]
+                seen = [(r["topic"], r["partition"]) for r in rows]
+                if len(seen) != len(set(seen)):
+                    raise RuntimeError("a Kafka partition was split across tasks in batch "
+                                       f"{batch_id}; check the Kafka source options")
+            p = self.progress
+            n = sum(r["rows"] for r in rows)
+            p.batches += 1
+            p.rows += n
+            p.inserted += sum(r["inserted"] for r in rows)
+            p.dead += sum(r["dead"] for r in rows)
+            p.last_batch_s = time.monotonic() - t0
+            if n:
+                p.last_data = time.monotonic()
+            log.info("batch %d: %d records from %d partitions in %.2fs", batch_id, n, len(rows), p.last_batch_s)
+
+    def run(self, until_idle: float | None = None, max_seconds: float | None = None) -> int:
+        parts = self.preflight()
+        spark = build_session(self.cfg)
+        k = self.cfg.kafka
+        reader = spark.readStream.format("kafka").options(**k.spark_options()).options(**k.source_options)
+        reader = reader.option("subscribePattern", k.topic_pattern) if k.topic_pattern else \
+            reader.option("subscribe", ",".join(parts))
+        if self.cfg.clickhouse.table_header:
+            reader = reader.option("includeHeaders", "true")
+        if self.cfg.batching.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(self.cfg.batching.max_offsets_per_trigger))
+        has_ckpt = checkpoint_exists(spark, self.cfg.checkpoint_location)
+        if not has_ckpt:
+            reader = reader.option("startingOffsets", json.dumps(self.starting))
+        log.info("sink %s epoch %d: %s; %s", self.cfg.name, self.epoch,
+                 "resuming from checkpoint" if has_ckpt else f"starting offsets from the state store {self.starting}",
+                 f"writer on {'driver (chdb)' if self.runtime else 'executors'}")
+        query = (reader.load().writeStream.foreachBatch(self.handle_batch)
+                 .option("checkpointLocation", self.cfg.checkpoint_location)
+                 .trigger(processingTime=self.cfg.batching.trigger_interval).queryName(self.cfg.name).start())
+        previous = signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        started = time.monotonic()
+        last_print = 0.0
+        try:
+            while query.isActive:
+                query.awaitTermination(1)
+                now = time.monotonic()
+                self._update_lag(query)
+                if not self.quiet and now - last_print >= self.progress_every:
+                    self.print_progress()
+                    last_print = now
+                if until_idle is not None and now - self.progress.last_data > until_idle and self.progress.batches:
+                    self.stopping.set()
+                if max_seconds is not None and now - started > max_seconds:
+                    self.stopping.set()
+                if self.stopping.is_set():
+                    with self.in_batch:  # the current batch finishes first
+                        query.stop()
+            query.awaitTermination()
+        except Exception as e:
+            if STOP_MARKER not in str(e):
+                raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if not self.quiet:
+            self.print_progress(final=True)
+        return 0
+
+    def _update_lag(self, query: Any) -> None:
+        prog = query.lastProgress
+        if not prog or not prog.get("sources"):
+            return
+        src = prog["sources"][0]
+        try:
+            latest, end = json.loads(src.get("latestOffset") or "null"), json.loads(src.get("endOffset") or "null")
+        except (TypeError, ValueError):
+            return
+        if isinstance(latest, dict) and isinstance(end, dict):
+            self.progress.lag = sum(int(off) - int(end.get(t, {}).get(p, off))
+                                    for t, ps in latest.items() for p, off in ps.items())
+
+    def print_progress(self, final: bool = False) -> None:
+        p = self.progress
+        elapsed = time.monotonic() - p.started
+        rate = p.rows / elapsed if elapsed > 0 else 0.0
+        print(f"[chsink {self.cfg.name}] {'done: ' if final else ''}{p.rows} records in {p.batches} batches, "
+              f"{p.inserted} inserted, {p.dead} dead-lettered, {rate:,.0f} rows/s, lag {p.lag if p.lag is not None else '?'}"
+              f", last batch {p.last_batch_s:.2f}s", flush=True)
+

@@ -1,0 +1,157 @@
+"""Everything one process needs to deliver partitions: clients, state store, routing, writer contexts.
+
+Built once per process and epoch: on the driver for chdb DSNs (one engine per process), on each
+executor for HTTP DSNs. The code that runs is the same in both places.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .clients import clickhouse_client
+from .config import SinkConfig
+from .decode import DecodeError, Message, make_decoder
+from .dlq import KafkaDeadLetterSink
+from .insert import Inserter
+from .kafka_io import read_range
+from .schema import SchemaError, TableSchema, load_schema
+from .state_machine import OffsetRange, Phase
+from .store import PartitionKey, StateStore
+from .writer import PartitionResult, WriterContext, write_partition
+
+log = logging.getLogger(__name__)
+UNROUTABLE = "__unroutable__"
+
+
+def state_store(cfg: SinkConfig, client: Any) -> StateStore:
+    return StateStore(client, cfg.state.table, cfg.state.engine, cfg.state.keeper_path,
+                      cfg.state.database or cfg.clickhouse.database)
+
+
+def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Where each partition resumes when there is no checkpoint: AFTER -> max+1, BEFORE -> min.
+
+    With several tables per partition the slowest table decides; the others skip what they have.
+    Partitions without state start at the earliest offset (-2).
+    """
+    resume: dict[tuple[str, int], int] = {}
+    for row in store.list_sink(sink):
+        s = row.state
+        pos = s.range.max + 1 if s.phase is Phase.AFTER else s.range.min
+        key = (row.pk.topic, row.pk.partition)
+        resume[key] = min(pos, resume.get(key, pos))
+    return {t: {str(p): resume.get((t, p), -2) for p in range(n)} for t, n in partitions.items()}
+
+
+@dataclass
+class Runtime:
+    cfg: SinkConfig
+    epoch: int
+    client: Any
+    store: StateStore
+    dlq: KafkaDeadLetterSink | None
+    contexts: dict[str, WriterContext] = field(default_factory=dict)
+    missing_tables: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:
+        client = clickhouse_client(cfg.clickhouse)
+        dlq = KafkaDeadLetterSink(cfg.dlq.topic, cfg.kafka.client_options()) if cfg.dlq.topic else None
+        return cls(cfg, epoch, client, state_store(cfg, client), dlq)
+
+    # ---- routing ------------------------------------------------------------------------------
+
+    def route(self, topic: str, messages: Sequence[Message]) -> tuple[dict[str, list[Message]], dict[int, str]]:
+        """Splits a partition's messages by target table; unroutable ones get a reason."""
+        ch = self.cfg.clickhouse
+        default = ch.table_for(topic)
+        if not ch.routed:
+            assert default is not None
+            return {default: list(messages)}, {}
+        groups: dict[str, list[Message]] = {}
+        reasons: dict[int, str] = {}
+        for m in messages:
+            table, why = self._table_of(m, default)
+            if table is None:
+                reasons[m.offset] = f"{why} (at {m.where})"
+                groups.setdefault(UNROUTABLE, []).append(m)
+            else:
+                groups.setdefault(table, []).append(m)
+        return groups, reasons
+
+    def _table_of(self, m: Message, default: str | None) -> tuple[str | None, str]:
+        ch = self.cfg.clickhouse
+        name: Any = None
+        if ch.table_header:
+            name = next((v.decode(errors="replace") for k, v in m.headers if k == ch.table_header), None)
+        elif ch.table_field and m.value is not None:
+            try:
+                rec = json.loads(m.value)
+                name = rec.get(ch.table_field) if isinstance(rec, dict) else None
+            except ValueError:
+                return None, "malformed JSON: cannot read the routing field"
+        name = name or default
+        if not isinstance(name, str) or not name:
+            return None, f"no target table: field/header {ch.table_field or ch.table_header!r} missing"
+        if self._context(name) is None:
+            return None, f"unknown target table {name!r}: {self.missing_tables[name]}"
+        return name, ""
+
+    # ---- writing ------------------------------------------------------------------------------
+
+    def _context(self, table: str) -> WriterContext | None:
+        if table in self.contexts:
+            return self.contexts[table]
+        if table in self.missing_tables:
+            return None
+        try:
+            schema = load_schema(self.client, self.cfg.clickhouse.database, table)
+        except SchemaError as e:
+            self.missing_tables[table] = str(e)
+            return None
+        decoder = make_decoder(self.cfg.format.decoder_spec(), schema)
+        self.contexts[table] = self._make_context(table, schema, decoder)
+        return self.contexts[table]
+
+    def _make_context(self, table: str, schema: TableSchema, decoder: Any) -> WriterContext:
+        return WriterContext(
+            self.cfg.name, self.store, Inserter(self.client, schema, self.cfg.clickhouse.settings), decoder,
+            self.epoch, self.cfg.batching.block_offsets, self.dlq, refetch=None,
+            replay_below=self.cfg.clickhouse.routed,
+        )
+
+    def process(self, topic: str, partition: int, messages: Sequence[Message]) -> list[PartitionResult]:
+        """Delivers one topic-partition's batch: one state transition per target table."""
+        groups, reasons = self.route(topic, messages)
+        results = []
+        for table, msgs in sorted(groups.items()):
+            if table == UNROUTABLE:
+                ctx = self._unroutable_context(reasons)
+            else:
+                ctx = self._context(table)
+                assert ctx is not None
+            ctx.refetch = self._refetcher(table)
+            pk = PartitionKey(self.cfg.name, topic, partition, table if self.cfg.clickhouse.routed else "")
+            results.append(write_partition(ctx, pk, msgs))
+        return results
+
+    def _unroutable_context(self, reasons: dict[int, str]) -> WriterContext:
+        def reject(m: Message) -> list[Any]:
+            raise DecodeError(reasons.get(m.offset, "unroutable record").rsplit(" (at ", 1)[0])
+
+        schema = TableSchema(self.cfg.clickhouse.database, UNROUTABLE, ())
+        return self._make_context(UNROUTABLE, schema, reject)
+
+    def _refetcher(self, table: str) -> Any:
+        def refetch(topic: str, partition: int, rng: OffsetRange) -> list[Message]:
+            msgs = read_range(self.cfg.kafka, topic, partition, rng)
+            if not self.cfg.clickhouse.routed:
+                return msgs
+            groups, _ = self.route(topic, msgs)
+            return groups.get(table, [])
+
+        return refetch

@@ -1,0 +1,183 @@
+"""The verifier (after eBay's runtime verifier, seed 003): Kafka offsets vs ClickHouse `_offset` vs the DLQ.
+
+For every partition it reports duplicates (an offset twice in ClickHouse, twice in the DLQ, or in
+both), gaps (an offset that exists in Kafka, lies at or below what the state store says was
+delivered, and is in neither place), rows outside the Kafka range, and what is still pending.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .clients import clickhouse_client
+from .config import SinkConfig
+from .dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_SINK, HEADER_TOPIC
+from .kafka_io import consumer, read_range, topic_partitions, watermarks
+from .runtime import state_store
+from .schema import load_schema
+from .state_machine import OffsetRange, Phase
+
+
+@dataclass
+class PartitionReport:
+    topic: str
+    partition: int
+    low: int
+    high: int
+    delivered_to: int  # offsets below this are claimed delivered by the state store
+    clickhouse: int = 0
+    dead_lettered: int = 0
+    pending: int = 0
+    duplicates: list[int] = field(default_factory=list)
+    gaps: list[int] = field(default_factory=list)
+    outside: list[int] = field(default_factory=list)
+
+    @property
+    def anomalies(self) -> int:
+        return len(self.duplicates) + len(self.gaps) + len(self.outside)
+
+
+@dataclass
+class Report:
+    sink: str
+    partitions: list[PartitionReport]
+    tables: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        keys = ("clickhouse", "dead_lettered", "pending")
+        out = {k: sum(getattr(p, k) for p in self.partitions) for k in keys}
+        out["kafka"] = sum(p.high - p.low for p in self.partitions)
+        out["duplicates"] = sum(len(p.duplicates) for p in self.partitions)
+        out["gaps"] = sum(len(p.gaps) for p in self.partitions)
+        out["outside"] = sum(len(p.outside) for p in self.partitions)
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return all(p.anomalies == 0 for p in self.partitions)
+
+    def to_json(self) -> str:
+        return json.dumps({"sink": self.sink, "ok": self.ok, "totals": self.totals, "tables": self.tables,
+                           "notes": self.notes, "partitions": [asdict(p) for p in self.partitions]}, indent=2)
+
+    def to_text(self) -> str:
+        head = ("TOPIC", "PART", "KAFKA [LOW,HIGH)", "CLICKHOUSE", "DLQ", "PENDING", "DUPLICATES", "GAPS", "OUTSIDE")
+        rows = [head]
+        for p in self.partitions:
+            rows.append((p.topic, str(p.partition), f"[{p.low},{p.high})", str(p.clickhouse), str(p.dead_lettered),
+                         str(p.pending), str(len(p.duplicates)), str(len(p.gaps)), str(len(p.outside))))
+        t = self.totals
+        rows.append(("TOTAL", "", str(t["kafka"]), str(t["clickhouse"]), str(t["dead_lettered"]), str(t["pending"]),
+                     str(t["duplicates"]), str(t["gaps"]), str(t["outside"])))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        for p in self.partitions:
+            for label, offs in (("duplicates", p.duplicates), ("gaps", p.gaps), ("outside", p.outside)):
+                if offs:
+                    lines.append(f"{p.topic}/{p.partition} {label}: {offs[:20]}{' ...' if len(offs) > 20 else ''}")
+        lines += self.notes
+        lines.append("OK: every offset is in ClickHouse or the DLQ exactly once" if self.ok else
+                     f"ANOMALIES: {t['duplicates']} duplicated, {t['gaps']} missing, {t['outside']} outside the range")
+        return "\n".join(lines)
+
+
+def _clickhouse_offsets(client: Any, database: str, tables: list[str]) -> tuple[Counter[tuple[str, int, int]], list[str]]:
+    counts: Counter[tuple[str, int, int]] = Counter()
+    notes = []
+    for table in tables:
+        schema = load_schema(client, database, table)
+        if not schema.has_offset_columns:
+            notes.append(f"table {table} has no _topic/_partition/_offset columns: its rows cannot be verified")
+            continue
+        tbl = client.query_arrow(f"SELECT _topic, _partition, _offset, count() AS c FROM {schema.fqn} "
+                                 "GROUP BY _topic, _partition, _offset")
+        for t, p, o, c in zip(*(tbl.column(i).to_pylist() for i in range(4)), strict=True):
+            counts[(t, int(p), int(o))] += int(c)
+    return counts, notes
+
+
+def _dlq_offsets(cfg: SinkConfig) -> Counter[tuple[str, int, int]]:
+    counts: Counter[tuple[str, int, int]] = Counter()
+    if not cfg.dlq.topic:
+        return counts
+    from confluent_kafka import KafkaError, TopicPartition
+
+    parts = topic_partitions(cfg.kafka.model_copy(update={"topics": [cfg.dlq.topic], "topic_pattern": None}))
+    c = consumer(cfg.kafka, group=f"chsink-verify-{cfg.name}")
+    try:
+        assign = []
+        for p in range(parts[cfg.dlq.topic]):
+            lo, hi = c.get_watermark_offsets(TopicPartition(cfg.dlq.topic, p), timeout=15)
+            if hi > lo:
+                assign.append(TopicPartition(cfg.dlq.topic, p, lo))
+        c.assign(assign)
+        open_parts = {tp.partition for tp in assign}
+        while open_parts:
+            m = c.poll(5)
+            if m is None:
+                break
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    open_parts.discard(m.partition())
+                continue
+            h = {k: v for k, v in (m.headers() or [])}
+            if h.get(HEADER_SINK, b"").decode() != cfg.name:
+                continue
+            counts[(h[HEADER_TOPIC].decode(), int(h[HEADER_PARTITION]), int(h[HEADER_OFFSET]))] += 1
+    finally:
+        c.close()
+    return counts
+
+
+def _existing(cfg: SinkConfig, topic: str, partition: int, missing: list[int]) -> list[int]:
+    """Of offsets missing from ClickHouse and the DLQ, those that really exist in Kafka (not markers/compacted)."""
+    out: list[int] = []
+    runs: list[list[int]] = []
+    for o in missing:
+        if runs and o == runs[-1][-1] + 1:
+            runs[-1].append(o)
+        else:
+            runs.append([o])
+    for run in runs[:200]:
+        present = {m.offset for m in read_range(cfg.kafka, topic, partition, OffsetRange(run[0], run[-1]))}
+        out += [o for o in run if o in present]
+    return out
+
+
+def verify(cfg: SinkConfig) -> Report:
+    parts = topic_partitions(cfg.kafka)
+    client = clickhouse_client(cfg.clickhouse)
+    store = state_store(cfg, client)
+    rows = store.list_sink(cfg.name)
+    tables = sorted(set(cfg.clickhouse.tables.values()) | {r.pk.table for r in rows if r.pk.table
+                                                          and not r.pk.table.startswith("__")})
+    ch, notes = _clickhouse_offsets(client, cfg.clickhouse.database, tables)
+    dlq = _dlq_offsets(cfg)
+    delivered: dict[tuple[str, int], int] = {}
+    for r in rows:
+        s = r.state
+        upto = s.range.max + 1 if s.phase is Phase.AFTER else s.range.min
+        key = (r.pk.topic, r.pk.partition)
+        delivered[key] = min(upto, delivered.get(key, upto))
+    reports = []
+    for topic, n in parts.items():
+        for p in range(n):
+            lo, hi = watermarks(cfg.kafka, topic, p)
+            rep = PartitionReport(topic, p, lo, hi, delivered.get((topic, p), lo))
+            ch_here = {o: c for (t, q, o), c in ch.items() if t == topic and q == p}
+            dlq_here = {o: c for (t, q, o), c in dlq.items() if t == topic and q == p}
+            rep.clickhouse = sum(ch_here.values())
+            rep.dead_lettered = sum(dlq_here.values())
+            rep.duplicates = sorted(o for o in set(ch_here) | set(dlq_here)
+                                    if ch_here.get(o, 0) + dlq_here.get(o, 0) > 1)
+            rep.outside = sorted(o for o in ch_here if o >= hi or o < 0)
+            missing = [o for o in range(lo, min(hi, rep.delivered_to)) if o not in ch_here and o not in dlq_here]
+            rep.gaps = _existing(cfg, topic, p, missing) if missing else []
+            rep.pending = sum(1 for o in range(max(lo, rep.delivered_to), hi) if o not in ch_here and o not in dlq_here)
+            reports.append(rep)
+    return Report(cfg.name, reports, tables, notes)
