@@ -40,4 +40,5 @@ def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Any
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {str(e).splitlines()[0][:300]}") from None
+        first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        raise ConfigError(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {first}") from None

@@ -190,6 +190,8 @@ class SinkJob:
                     raise RuntimeError("a Kafka partition was split across tasks in batch "
                                        f"{batch_id}; check the Kafka source options")
             p = self.progress
+            if p.batches == 0:
+                p.started = t0  # rates count from the first batch, not from Spark's start-up
             n = sum(r["rows"] for r in rows)
             p.batches += 1
             p.rows += n
@@ -265,7 +267,8 @@ class SinkJob:
         p = self.progress
         elapsed = time.monotonic() - p.started
         rate = p.rows / elapsed if elapsed > 0 else 0.0
+        lag = p.lag if p.lag is not None else "?"
         print(f"[chsink {self.cfg.name}] {'done: ' if final else ''}{p.rows} records in {p.batches} batches, "
-              f"{p.inserted} inserted, {p.dead} dead-lettered, {rate:,.0f} rows/s, lag {p.lag if p.lag is not None else '?'}"
-              f", last batch {p.last_batch_s:.2f}s", flush=True)
+              f"{p.inserted} inserted, {p.dead} dead-lettered, {rate:,.0f} rows/s, lag {lag}, "
+              f"last batch {p.last_batch_s:.2f}s", flush=True)
 

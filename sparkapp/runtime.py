@@ -129,11 +129,9 @@ class Runtime:
         groups, reasons = self.route(topic, messages)
         results = []
         for table, msgs in sorted(groups.items()):
-            if table == UNROUTABLE:
-                ctx = self._unroutable_context(reasons)
-            else:
-                ctx = self._context(table)
-                assert ctx is not None
+            found = self._unroutable_context(reasons) if table == UNROUTABLE else self._context(table)
+            assert found is not None
+            ctx = found
             ctx.refetch = self._refetcher(table)
             pk = PartitionKey(self.cfg.name, topic, partition, table if self.cfg.clickhouse.routed else "")
             results.append(write_partition(ctx, pk, msgs))

@@ -86,7 +86,10 @@ class Report:
         return "\n".join(lines)
 
 
-def _clickhouse_offsets(client: Any, database: str, tables: list[str]) -> tuple[Counter[tuple[str, int, int]], list[str]]:
+Offsets = Counter[tuple[str, int, int]]
+
+
+def _clickhouse_offsets(client: Any, database: str, tables: list[str]) -> tuple[Offsets, list[str]]:
     counts: Counter[tuple[str, int, int]] = Counter()
     notes = []
     for table in tables:
