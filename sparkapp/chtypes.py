@@ -461,36 +461,24 @@ def converter(t: CHType) -> Converter:
     return non_null
 
 
+_FACTORIES: dict[str, Callable[[CHType], Converter]] = {
+    "Bool": lambda t: _bool, "String": lambda t: _string, "UUID": lambda t: _uuid, "JSON": lambda t: _json,
+    **{n: (lambda t: _int_conv(t.name)) for n in _INT_BITS},
+    **{n: (lambda t: _float_conv(t.name)) for n in ("Float32", "Float64", "BFloat16")},
+    **{n: _decimal_conv for n in ("Decimal", "Decimal32", "Decimal64", "Decimal128", "Decimal256")},
+    "Date": lambda t: _date_conv(t.name), "Date32": lambda t: _date_conv(t.name),
+    "DateTime": _datetime_conv, "DateTime64": _datetime64_conv,
+    "IPv4": lambda t: _ip_conv(t.name), "IPv6": lambda t: _ip_conv(t.name),
+    "Enum8": _enum_conv, "Enum16": _enum_conv, "FixedString": _fixed_conv,
+    "Array": _array_conv, "Map": _map_conv, "Tuple": _tuple_conv,
+}
+
+
 def _base_converter(t: CHType) -> Converter:
-    name = t.name
-    table: dict[str, Converter] = {"Bool": _bool, "String": _string, "UUID": _uuid, "JSON": _json}
-    if name in table:
-        return table[name]
-    if name in _INT_BITS:
-        return _int_conv(name)
-    if name in ("Float32", "Float64", "BFloat16"):
-        return _float_conv(name)
-    if name.startswith("Decimal"):
-        return _decimal_conv(t)
-    if name in ("Date", "Date32"):
-        return _date_conv(name)
-    if name == "DateTime":
-        return _datetime_conv(t)
-    if name == "DateTime64":
-        return _datetime64_conv(t)
-    if name in ("IPv4", "IPv6"):
-        return _ip_conv(name)
-    if name in ("Enum8", "Enum16"):
-        return _enum_conv(t)
-    if name == "FixedString":
-        return _fixed_conv(t)
-    if name == "Array":
-        return _array_conv(t)
-    if name == "Map":
-        return _map_conv(t)
-    if name == "Tuple":
-        return _tuple_conv(t)
-    raise ValueError(f"unsupported ClickHouse type {t}")
+    factory = _FACTORIES.get(t.name)
+    if factory is None:
+        raise ValueError(f"unsupported ClickHouse type {t}")
+    return factory(t)
 
 
 def zero_value(t: CHType) -> Any:

@@ -233,8 +233,10 @@ class SinkJob:
                 if not self.quiet and now - last_print >= self.progress_every:
                     self.print_progress()
                     last_print = now
-                if until_idle is not None and now - self.progress.last_data > until_idle and self.progress.batches:
-                    self.stopping.set()
+                if until_idle is not None and now - max(self.progress.last_data, started) > until_idle:
+                    status = query.status
+                    if not status.get("isDataAvailable") and not status.get("isTriggerActive"):
+                        self.stopping.set()
                 if max_seconds is not None and now - started > max_seconds:
                     self.stopping.set()
                 if self.stopping.is_set():

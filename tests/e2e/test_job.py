@@ -1,0 +1,142 @@
+"""The job end to end on bad input, multi-table routing, state commands, and configuration errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+from confluent_kafka import Consumer, Producer
+
+from sparkapp.dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON, HEADER_SINK, HEADER_TOPIC
+from tests.testbed import free_port
+from tests.testbed.process import REPO
+
+from .harness import SinkHarness, event
+
+
+def dlq_messages(bootstrap: str, topic: str, n: int) -> list:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"v-{topic}", "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    out = []
+    while len(out) < n:
+        m = c.poll(20)
+        assert m is not None, f"{len(out)} of {n} dead letters"
+        if not m.error():
+            out.append(m)
+    c.close()
+    return out
+
+
+def test_bad_input_reaches_the_dlq_and_the_job_keeps_running(tmp_path, kafka, topic):
+    src, dlq = topic(2), topic(1)
+    sink = SinkHarness(tmp_path, kafka, src, dlq)
+    sink.config["format"] = {"maxMessageBytes": 4096}
+    sink.write_config()
+    bad = {
+        2: (b'{"id": 1, "name": ', "malformed JSON"),
+        4: (json.dumps({**event(4), "amount": "a lot"}).encode(), "column `amount`: expected Decimal(12, 2)"),
+        6: (None, "tombstone: the record has a null value"),
+        8: (json.dumps({**event(8), "note": "x" * 10_000}).encode(), "oversized: "),
+    }
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(40):
+        value = bad[i][0] if i in bad else json.dumps(event(i)).encode()
+        p.produce(src, value, key=str(i).encode(), partition=i % 2)
+    assert p.flush(30) == 0
+    sink.drain()
+
+    dead = dlq_messages(kafka.bootstrap, dlq, len(bad))
+    by_offset = {(int(dict(m.headers())[HEADER_PARTITION]), int(dict(m.headers())[HEADER_OFFSET])): m for m in dead}
+    for i, (value, reason) in bad.items():
+        m = by_offset[(i % 2, i // 2)]
+        h = dict(m.headers())
+        assert h[HEADER_REASON].decode().startswith(reason), h[HEADER_REASON]
+        assert (h[HEADER_TOPIC].decode(), h[HEADER_SINK].decode()) == (src, sink.config["name"])
+        assert m.value() == value and m.key() == str(i).encode()
+    report = sink.verify()
+    assert report["ok"] and report["totals"]["clickhouse"] + report["totals"]["dead_lettered"] == 40
+    assert report["totals"]["dead_lettered"] == len(bad)
+
+
+def test_multi_table_topic_routes_by_field_with_state_per_table(tmp_path, kafka, topic):
+    src, dlq = topic(1), topic(1)
+    sink = SinkHarness(tmp_path, kafka, src, dlq)
+    sink.sql("CREATE TABLE e2e.clicks (id UInt64, _topic String, _partition UInt16, _offset UInt64) "
+             "ENGINE = MergeTree ORDER BY _offset SETTINGS non_replicated_deduplication_window = 1000")
+    sink.config["clickhouse"]["tableField"] = "table"
+    sink.write_config()
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(30):
+        table = ["events", "clicks", "nope"][i % 3]
+        p.produce(src, json.dumps({**event(i), "table": table}).encode(), partition=0)
+    assert p.flush(30) == 0
+    sink.drain()
+    [[events]], [[clicks]] = sink.sql("SELECT count() FROM e2e.events", "SELECT count() FROM e2e.clicks")
+    assert (events, clicks) == (10, 10)
+    reasons = {dict(m.headers())[HEADER_REASON].decode().split(":")[0] for m in dlq_messages(kafka.bootstrap, dlq, 10)}
+    assert reasons == {"unknown target table 'nope'"}
+    state = run_cli("state", "list", "--config", str(sink.config_path))
+    assert "clicks" in state.stdout and "events" in state.stdout and "__unroutable__" in state.stdout
+    assert sink.verify()["ok"]
+
+
+def test_state_reset_needs_yes(tmp_path, kafka, topic):
+    src, dlq = topic(1), topic(1)
+    sink = SinkHarness(tmp_path, kafka, src, dlq)
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(5):
+        p.produce(src, json.dumps(event(i)).encode())
+    p.flush(30)
+    sink.drain()
+    refused = run_cli("state", "reset", "--config", str(sink.config_path))
+    assert refused.returncode == 2 and "without --yes" in refused.stderr
+    done = run_cli("state", "reset", "--config", str(sink.config_path), "--partition", f"{src}:0", "--yes")
+    assert done.returncode == 0 and "deleted 1 state row" in done.stdout
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sparkapp", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _config(tmp_path, **over):
+    cfg = {
+        "name": "cfg-test",
+        "kafka": {"bootstrapServers": over.pop("bootstrap"), "topics": [over.pop("topic", "events")]},
+        "clickhouse": {"endpoints": [over.pop("endpoint", f"chdb://{tmp_path / 'chdb'}")], "database": "default",
+                       "tables": {"*": over.pop("table", "events")}},
+        "state": {"engine": "EmbeddedRocksDB"},
+        "checkpointLocation": str(tmp_path / "ckpt"),
+        **over,
+    }
+    path = tmp_path / "sink.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def assert_config_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert "Traceback" not in res.stderr
+    for n in needles:
+        assert n in res.stderr, res.stderr[-2000:]
+
+
+def test_config_errors_are_actionable(tmp_path, kafka, topic):
+    src = topic(1)
+    # an unknown field, named with its path
+    path = _config(tmp_path, bootstrap=kafka.bootstrap, topic=src, batching={"maxOffsetsPerTriger": 10})
+    assert_config_error(run_cli("run", "--config", str(path)), "batching.maxOffsetsPerTriger: unknown field")
+    # a missing table
+    path = _config(tmp_path, bootstrap=kafka.bootstrap, topic=src, table="missing_table")
+    assert_config_error(run_cli("run", "--config", str(path)), "missing_table", "does not exist")
+    # an unreachable ClickHouse
+    path = _config(tmp_path, bootstrap=kafka.bootstrap, topic=src, endpoint=f"http://127.0.0.1:{free_port()}")
+    assert_config_error(run_cli("run", "--config", str(path)), "cannot reach ClickHouse endpoint http://127.0.0.1:")
+    # an unreachable Kafka
+    path = _config(tmp_path, bootstrap=f"127.0.0.1:{free_port()}", topic=src)
+    assert_config_error(run_cli("run", "--config", str(path)), "cannot reach Kafka at 127.0.0.1:")
+    # a topic that does not exist
+    path = _config(tmp_path, bootstrap=kafka.bootstrap, topic="no-such-topic")
+    assert_config_error(run_cli("run", "--config", str(path)), "topic(s) ['no-such-topic'] do not exist")
