@@ -60,7 +60,7 @@ def produce(kafka: Kafka, topic: str, n: int, partitions: int) -> int:
                 "event_id": i, "user_id": rnd.randrange(1, 200_000), "event_type": kind,
                 "country": COUNTRIES[rnd.randrange(8)],
                 "amount": f"{rnd.randrange(100, 99_999) / 100:.2f}" if kind == "purchase" else None,
-                "ts": f"2026-01-01T00:00:00.000Z" if i == 0 else (t0 + i * 7) / 1000,
+                "ts": "2026-01-01T00:00:00.000Z" if i == 0 else (t0 + i * 7) / 1000,
                 "tags": [f"tag{rnd.randrange(20)}" for _ in range(rnd.randrange(4))],
                 "props": {"page": f"/p/{rnd.randrange(500)}", "ab": rnd.choice("AB")},
                 "referrer": None if rnd.random() < 0.6 else f"https://ref{rnd.randrange(30)}.example",

@@ -84,10 +84,11 @@ class SinkHarness:
         self.runs += 1
         log = self.workdir / f"job-{self.runs}.log"
         self.logs.append(log)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sparkapp", "run", "--config", str(self.config_path), *extra],
-            cwd=REPO, env=self.env(), stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sparkapp", "run", "--config", str(self.config_path), *extra],
+                cwd=REPO, env=self.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
 
     def log_text(self) -> str:
         return self.logs[-1].read_text(errors="replace") if self.logs else ""
