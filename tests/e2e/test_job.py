@@ -140,3 +140,44 @@ def test_config_errors_are_actionable(tmp_path, kafka, topic):
     # a topic that does not exist
     path = _config(tmp_path, bootstrap=kafka.bootstrap, topic="no-such-topic")
     assert_config_error(run_cli("run", "--config", str(path)), "topic(s) ['no-such-topic'] do not exist")
+
+
+def test_verifier_reports_duplicates_gaps_and_rows_outside(tmp_path, kafka, topic):
+    src, dlq = topic(1), topic(1)
+    sink = SinkHarness(tmp_path, kafka, src, dlq)
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(20):
+        p.produce(src, json.dumps(event(i)).encode())
+    p.flush(30)
+    sink.drain()
+    assert sink.verify()["ok"]
+    # tamper: duplicate offset 3, lose offset 7, add a row beyond the Kafka range
+    sink.sql("INSERT INTO e2e.events SELECT * FROM e2e.events WHERE _offset = 3",
+             "DELETE FROM e2e.events WHERE _offset = 7",
+             f"INSERT INTO e2e.events (id, _topic, _partition, _offset) VALUES (999, '{src}', 0, 500)")
+    report = sink.verify()
+    assert report["exit"] == 1 and not report["ok"]
+    [part] = report["partitions"]
+    assert (part["duplicates"], part["gaps"], part["outside"]) == ([3], [7], [500])
+    text = run_cli("verify", "--config", str(sink.config_path))
+    assert text.returncode == 1 and "ANOMALIES: 1 duplicated, 1 missing, 1 outside" in text.stdout
+
+
+def test_sigterm_finishes_the_batch_and_stops(tmp_path, kafka, topic):
+    import os
+    import signal
+
+    src, dlq = topic(2), topic(1)
+    sink = SinkHarness(tmp_path, kafka, src, dlq, maxOffsetsPerTrigger=500)
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(6000):
+        p.produce(src, json.dumps(event(i)).encode(), partition=i % 2)
+    p.flush(30)
+    sink.start()
+    assert sink.wait_for_batches(2)
+    os.kill(sink.proc.pid, signal.SIGTERM)
+    assert sink.wait(120) == 0, sink.log_text()[-3000:]
+    assert "done:" in sink.log_text()
+    sink.drain()
+    report = sink.verify()
+    assert report["ok"] and report["totals"]["clickhouse"] == 6000
