@@ -179,7 +179,7 @@ class SinkConfig(Strict):
 
     def redacted(self) -> dict[str, Any]:
         """The config as shown in logs: secret references only, never their values."""
-        return self.model_dump(by_alias=True, exclude_none=True)
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

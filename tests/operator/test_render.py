@@ -1,0 +1,104 @@
+"""Rendering a ClickHouseSink: golden files, the spec hash, secrets, and validation by the real API server."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sinkoperator.render import HASH_ANNOTATION, render
+from sparkapp.config import ConfigError
+from tests.testbed.process import REPO
+
+HERE = Path(__file__).parent
+SAMPLE = yaml.safe_load((HERE / "sample.yaml").read_text())
+
+
+def rendered(spec=None, nonce=""):
+    return render("default", "orders", spec or SAMPLE["spec"], nonce)
+
+
+def test_golden_files():
+    cm, app = rendered()
+    for obj, file in ((cm, "configmap.yaml"), (app, "sparkapplication.yaml")):
+        text = yaml.safe_dump(obj, sort_keys=True)
+        path = HERE / "golden" / file
+        if os.environ.get("CHSINK_UPDATE_GOLDEN"):
+            path.write_text(text)
+        assert text == path.read_text(), f"{file} changed; rerun with CHSINK_UPDATE_GOLDEN=1 if intended"
+
+
+def test_rendering_is_deterministic_and_hash_tracks_material_changes():
+    _, app = rendered()
+    assert rendered()[1] == app
+    h = app["metadata"]["annotations"][HASH_ANNOTATION]
+    changed = copy.deepcopy(SAMPLE["spec"])
+    changed["batching"]["maxOffsetsPerTrigger"] = 5
+    assert rendered(changed)[1]["metadata"]["annotations"][HASH_ANNOTATION] != h
+    assert rendered(nonce="2026-11-21")[1]["metadata"]["annotations"][HASH_ANNOTATION] != h
+    paused = copy.deepcopy(SAMPLE["spec"])
+    paused["state"] = "paused"
+    assert rendered(paused)[1]["spec"]["suspend"] is True
+
+
+def test_secrets_are_referenced_never_inlined():
+    cm, app = rendered()
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in app["spec"]["driver"]["env"]}
+    assert env == {"CHSINK_KAFKA_SASL_PASSWORD": {"name": "kafka-creds", "key": "password"},
+                   "CHSINK_CLICKHOUSE_PASSWORD": {"name": "ch-creds", "key": "password"}}
+    cfg = yaml.safe_load(cm["data"]["sink.yaml"])
+    assert cfg["kafka"]["secretOptions"] == {"sasl.password": {"env": "CHSINK_KAFKA_SASL_PASSWORD"}}
+    assert app["spec"]["sparkConf"]["spark.speculation"] == "false"
+    assert app["spec"]["restartPolicy"]["type"] == "Always"
+
+
+def test_invalid_spec_names_the_field():
+    bad = copy.deepcopy(SAMPLE["spec"])
+    bad["batching"]["maxOffsetsPerTrigger"] = 0
+    with pytest.raises(ConfigError, match=r"batching.maxOffsetsPerTrigger: Input should be greater than 0"):
+        rendered(bad)
+
+
+@pytest.fixture(scope="module")
+def chsink_crds(kube):
+    for f in sorted((REPO / "crds").glob("*.yaml")):
+        kube.kubectl("apply", "--server-side", "-f", str(f))
+    kube.api.wait_crd("clickhousesinks.chsink.io")
+    kube.api.wait_crd("sinkstatuses.chsink.io")
+    return kube
+
+
+def test_rendered_objects_pass_upstream_sparkapplication_validation(chsink_crds):
+    cm, app = rendered()
+    for obj in (cm, app):
+        res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj))
+        assert "created (server dry run)" in res.stdout
+
+
+def test_sample_cr_is_accepted_and_defaulted(chsink_crds):
+    chsink_crds.kubectl("apply", "-f", str(HERE / "sample.yaml"))
+    got = yaml.safe_load(chsink_crds.kubectl("get", "clickhousesink", "orders", "-o", "yaml").stdout)
+    assert (got["spec"]["state"], got["spec"]["deletionPolicy"], got["spec"]["clickhouse"]["database"]) == \
+        ("running", "Retain", "shop")
+    header = chsink_crds.kubectl("get", "chsink").stdout.splitlines()[0].split()
+    assert header == ["NAME", "READY", "STATE", "TOPICS", "SHARDS", "LAG", "AGE"]
+
+
+@pytest.mark.parametrize(("path", "value", "needle"), [
+    (("kafka", "topics"), [], "give either a non-empty topics list or topicPattern"),
+    (("clickhouse", "shards"), [{"endpoint": "ftp://x"}], "spec.clickhouse.shards[0].endpoint"),
+    (("exactlyOnce", "engine"), "Memory", "spec.exactlyOnce.engine"),
+    (("spark", "driver"), {"memory": "lots"}, "spec.spark.driver.memory"),
+])
+def test_invalid_cr_is_rejected_by_the_schema_naming_the_field(chsink_crds, path, value, needle):
+    cr = copy.deepcopy(SAMPLE)
+    cr["metadata"]["name"] = "invalid"
+    node = cr["spec"]
+    for p in path[:-1]:
+        node = node.setdefault(p, {})
+    node[path[-1]] = value
+    res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(cr), check=False)
+    assert res.returncode != 0 and needle in res.stderr, res.stderr
