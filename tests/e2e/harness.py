@@ -144,6 +144,21 @@ class SinkHarness:
         subprocess.run(["rm", "-rf", str(self.checkpoint)], check=True)
 
 
+def produce_events(kafka: Kafka, topic: str, n: int) -> None:
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(n):
+        p.produce(topic, json.dumps(event(i)).encode())
+    assert p.flush(30) == 0
+
+
+def drained_sink(workdir: Path, kafka: Kafka, topic: str, dlq: str, n: int) -> SinkHarness:
+    """A sink over n fresh events, run until idle."""
+    sink = SinkHarness(workdir, kafka, topic, dlq)
+    produce_events(kafka, topic, n)
+    sink.drain()
+    return sink
+
+
 class BackgroundProducer(threading.Thread):
     """Keeps producing events (a few malformed) at a steady pace until `total` are sent or stop() is called."""
 

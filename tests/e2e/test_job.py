@@ -13,7 +13,7 @@ from sparkapp.dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON, HEADER_
 from tests.testbed import free_port
 from tests.testbed.process import REPO
 
-from .harness import SinkHarness, event
+from .harness import SinkHarness, drained_sink, event
 
 
 def dlq_messages(bootstrap: str, topic: str, n: int) -> list:
@@ -84,12 +84,7 @@ def test_multi_table_topic_routes_by_field_with_state_per_table(tmp_path, kafka,
 
 def test_state_reset_needs_yes(tmp_path, kafka, topic):
     src, dlq = topic(1), topic(1)
-    sink = SinkHarness(tmp_path, kafka, src, dlq)
-    p = Producer({"bootstrap.servers": kafka.bootstrap})
-    for i in range(5):
-        p.produce(src, json.dumps(event(i)).encode())
-    p.flush(30)
-    sink.drain()
+    sink = drained_sink(tmp_path, kafka, src, dlq, 5)
     refused = run_cli("state", "reset", "--config", str(sink.config_path))
     assert refused.returncode == 2 and "without --yes" in refused.stderr
     done = run_cli("state", "reset", "--config", str(sink.config_path), "--partition", f"{src}:0", "--yes")
@@ -144,12 +139,7 @@ def test_config_errors_are_actionable(tmp_path, kafka, topic):
 
 def test_verifier_reports_duplicates_gaps_and_rows_outside(tmp_path, kafka, topic):
     src, dlq = topic(1), topic(1)
-    sink = SinkHarness(tmp_path, kafka, src, dlq)
-    p = Producer({"bootstrap.servers": kafka.bootstrap})
-    for i in range(20):
-        p.produce(src, json.dumps(event(i)).encode())
-    p.flush(30)
-    sink.drain()
+    sink = drained_sink(tmp_path, kafka, src, dlq, 20)
     assert sink.verify()["ok"]
     # tamper: duplicate offset 3, lose offset 7, add a row beyond the Kafka range
     sink.sql("INSERT INTO e2e.events SELECT * FROM e2e.events WHERE _offset = 3",

@@ -11,7 +11,6 @@ import yaml
 
 from sinkoperator.render import HASH_ANNOTATION, render
 from sparkapp.config import ConfigError
-from tests.testbed.process import REPO
 
 HERE = Path(__file__).parent
 SAMPLE = yaml.safe_load((HERE / "sample.yaml").read_text())
@@ -62,15 +61,6 @@ def test_invalid_spec_names_the_field():
         rendered(bad)
 
 
-@pytest.fixture(scope="module")
-def chsink_crds(kube):
-    for f in sorted((REPO / "crds").glob("*.yaml")):
-        kube.kubectl("apply", "--server-side", "-f", str(f))
-    kube.api.wait_crd("clickhousesinks.chsink.io")
-    kube.api.wait_crd("sinkstatuses.chsink.io")
-    return kube
-
-
 def test_rendered_objects_pass_upstream_sparkapplication_validation(chsink_crds):
     cm, app = rendered()
     for obj in (cm, app):
@@ -83,7 +73,7 @@ def test_sample_cr_is_accepted_and_defaulted(chsink_crds):
     got = yaml.safe_load(chsink_crds.kubectl("get", "clickhousesink", "orders", "-o", "yaml").stdout)
     assert (got["spec"]["state"], got["spec"]["deletionPolicy"], got["spec"]["clickhouse"]["database"]) == \
         ("running", "Retain", "shop")
-    header = chsink_crds.kubectl("get", "chsink").stdout.splitlines()[0].split()
+    header = chsink_crds.kubectl("get", "chs").stdout.splitlines()[0].split()
     assert header == ["NAME", "READY", "STATE", "TOPICS", "SHARDS", "LAG", "AGE"]
 
 

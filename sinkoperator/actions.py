@@ -1,0 +1,232 @@
+"""What the operator does to the world: apply rendered objects, patch status, clean up state.
+
+Handlers (handlers.py) stay thin and call these; rendering (render.py) stays pure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+import kopf
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from sparkapp.config import ConfigError
+from sparkapp.kafka_io import topic_partitions, watermarks
+from sparkapp.runtime import state_store
+from sparkapp.state_machine import Phase
+
+from .render import GROUP, HASH_ANNOTATION, VERSION, object_name, render, sink_config
+
+log = logging.getLogger(__name__)
+SPARK = ("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
+FORCE_DELETE_ANNOTATION = f"{GROUP}/force-delete"
+NONCE_ANNOTATION = f"{GROUP}/restart-nonce"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
+    """A metav1.Condition-shaped dict."""
+    return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message,
+            "observedGeneration": generation, "lastTransitionTime": _now()}
+
+
+def merge_conditions(old: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keeps lastTransitionTime when a condition's status did not change."""
+    by_type = {c["type"]: c for c in old or []}
+    out = []
+    for c in new:
+        prev = by_type.get(c["type"])
+        if prev and prev.get("status") == c["status"]:
+            c = {**c, "lastTransitionTime": prev.get("lastTransitionTime", c["lastTransitionTime"])}
+        out.append(c)
+    return out
+
+
+def _get_app(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        app = client.CustomObjectsApi().get_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name)
+        return app if isinstance(app, dict) else None
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def apply_configmap(cm: dict[str, Any]) -> str:
+    core = client.CoreV1Api()
+    ns, name = cm["metadata"]["namespace"], cm["metadata"]["name"]
+    try:
+        current = core.read_namespaced_config_map(name, ns)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        core.create_namespaced_config_map(ns, cm)  # type: ignore[arg-type]
+        return "created"
+    if (current.data or {}) == cm["data"]:
+        return "unchanged"
+    core.patch_namespaced_config_map(name, ns, {"data": cm["data"]})
+    return "patched"
+
+
+def apply_app(app: dict[str, Any]) -> str:
+    """Creates the SparkApplication, or patches it only when the spec hash changed."""
+    api = client.CustomObjectsApi()
+    ns, name = app["metadata"]["namespace"], app["metadata"]["name"]
+    current = _get_app(ns, name)
+    if current is None:
+        api.create_namespaced_custom_object(*SPARK[:2], ns, SPARK[2], app)
+        return "created"
+    if (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == app["metadata"]["annotations"][
+            HASH_ANNOTATION]:
+        return "unchanged"
+    api.patch_namespaced_custom_object(*SPARK[:2], ns, SPARK[2], name,
+                                       {"metadata": {"annotations": app["metadata"]["annotations"]},
+                                        "spec": app["spec"]})
+    return "patched"
+
+
+def delete_app(namespace: str, name: str, wait_s: float = 0) -> bool:
+    """Deletes the SparkApplication; with wait_s, waits (bounded) until it is gone."""
+    try:
+        client.CustomObjectsApi().delete_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
+    deadline = time.monotonic() + wait_s
+    while wait_s and _get_app(namespace, name) is not None:
+        if time.monotonic() > deadline:
+            raise kopf.TemporaryError(f"SparkApplication {name} still exists after {wait_s:.0f}s", delay=10)
+        time.sleep(0.5)
+    return True
+
+
+def patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+    client.CustomObjectsApi().patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "clickhousesinks", name, {"status": status})
+
+
+def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: dict[str, Any],
+              status: dict[str, Any]) -> str:
+    """Brings the SparkApplication and ConfigMap in line with the sink; returns what changed."""
+    generation = int(meta.get("generation", 0))
+    nonce = (meta.get("annotations") or {}).get(NONCE_ANNOTATION, "")
+    state = spec.get("state", "running")
+    try:
+        cm, app = render(namespace, name, spec, nonce)
+    except ConfigError as e:
+        msg = str(e)
+        patch_status(namespace, name, {"state": "Invalid", "conditions": merge_conditions(status.get("conditions"), [
+            condition("Ready", False, "InvalidSpec", msg, generation),
+            condition("Degraded", True, "InvalidSpec", msg, generation)])})
+        kopf.warn(body, reason="InvalidSpec", message=msg)
+        raise kopf.PermanentError(msg) from None
+    obj = object_name(name)
+    if state == "stopped":
+        changed = "deleted" if delete_app(namespace, obj) else "unchanged"
+        phase, ready_reason = "Stopped", "Stopped"
+    else:
+        kopf.adopt([cm, app], owner=body)
+        apply_configmap(cm)
+        changed = apply_app(app)
+        phase, ready_reason = ("Paused", "Paused") if state == "paused" else ("Running", "Submitted")
+    current = _get_app(namespace, obj)
+    app_state = ((current or {}).get("status") or {}).get("applicationState", {}).get("state", "")
+    cfg = sink_config(namespace, name, spec)
+    new_status = {
+        "state": phase, "topics": ",".join(cfg.kafka.topics) or cfg.kafka.topic_pattern,
+        "shards": len(cfg.clickhouse.endpoints), "observedGeneration": generation,
+        "sparkApplication": {"name": obj, "state": app_state, "specHash": app["metadata"]["annotations"][
+            HASH_ANNOTATION] if state != "stopped" else ""},
+        "conditions": merge_conditions(status.get("conditions"), [
+            condition("Ready", state == "running", ready_reason, f"sink is {phase.lower()}", generation),
+            condition("Progressing", changed in ("created", "patched", "deleted"), changed.capitalize(),
+                      f"SparkApplication {obj} {changed}", generation),
+            condition("Degraded", False, "AsExpected", "", generation)]),
+    }
+    patch_status(namespace, name, new_status)
+    if changed != "unchanged" or status.get("state") != phase:
+        kopf.info(body, reason=phase, message=f"SparkApplication {obj} {changed}; sink {phase.lower()}")
+    return changed
+
+
+def cleanup(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: dict[str, Any]) -> None:
+    """The finalizer: with deletionPolicy Delete, stop the job, then delete its state."""
+    if (meta.get("annotations") or {}).get(FORCE_DELETE_ANNOTATION) == "true":
+        kopf.warn(body, reason="ForcedDelete", message="cleanup skipped by the force-delete annotation")
+        return
+    if spec.get("deletionPolicy", "Retain") != "Delete":
+        kopf.info(body, reason="Retained", message="deletionPolicy Retain: per-partition state kept")
+        return
+    try:
+        delete_app(namespace, object_name(name), wait_s=60)
+        cfg = sink_config(namespace, name, spec)
+        from sparkapp.clients import clickhouse_client
+
+        store = state_store(cfg, clickhouse_client(cfg.clickhouse))
+        store.ensure_schema()
+        n = store.delete(cfg.name)
+    except kopf.TemporaryError:
+        raise
+    except Exception as e:
+        msg = f"cleanup failed: {e}; it will be retried. Annotate {FORCE_DELETE_ANNOTATION}=true to release"
+        patch_status(namespace, name, {"conditions": [condition("Degraded", True, "CleanupFailed", msg,
+                                                                 int(meta.get("generation", 0)))]})
+        kopf.warn(body, reason="CleanupFailed", message=msg)
+        raise kopf.TemporaryError(msg, delay=15) from e
+    kopf.info(body, reason="Cleaned", message=f"deleted {n} partition state row(s) of sink {cfg.name}")
+
+
+def sink_status(body: Any, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Refreshes the SinkStatus object: state rows from the store, lag from Kafka high watermarks."""
+    from sparkapp.clients import clickhouse_client
+
+    cfg = sink_config(namespace, name, spec)
+    store = state_store(cfg, clickhouse_client(cfg.clickhouse))
+    store.ensure_schema()
+    rows = store.list_sink(cfg.name)
+    parts = topic_partitions(cfg.kafka)
+    partitions: list[dict[str, Any]] = []
+    total_lag = 0
+    done: dict[tuple[str, int], int] = {}
+    for r in rows:
+        s = r.state
+        upto = s.range.max + 1 if s.phase is Phase.AFTER else s.range.min
+        done[(r.pk.topic, r.pk.partition)] = min(upto, done.get((r.pk.topic, r.pk.partition), upto))
+    highs = {(t, p): watermarks(cfg.kafka, t, p)[1] for t, n in parts.items() for p in range(n)}
+    for (t, p), high in sorted(highs.items()):
+        lag = max(0, high - done.get((t, p), 0))
+        total_lag += lag
+    for r in rows:
+        s = r.state
+        high = highs.get((r.pk.topic, r.pk.partition), 0)
+        upto = s.range.max + 1 if s.phase is Phase.AFTER else s.range.min
+        partitions.append({"topic": r.pk.topic, "partition": r.pk.partition, "table": r.pk.table,
+                           "minOffset": s.range.min, "maxOffset": s.range.max, "phase": s.phase.value,
+                           "epoch": s.epoch, "lastCommit": r.updated_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           "highWatermark": high, "lag": max(0, high - upto), "shard": r.shard})
+    last = max((str(p["lastCommit"]) for p in partitions), default=None)
+    declared = str(spec.get("state", "running")).capitalize()
+    status = {"sink": cfg.name, "state": (body.get("status") or {}).get("state") or declared,
+              "partitionCount": len(highs), "lag": total_lag, "partitions": partitions}
+    if last:
+        status["lastCommit"] = last
+    obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SinkStatus",
+           "metadata": {"name": name, "namespace": namespace}, "status": status}
+    kopf.adopt(obj, owner=body)
+    api = client.CustomObjectsApi()
+    try:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sinkstatuses", obj)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        api.patch_namespaced_custom_object(GROUP, VERSION, namespace, "sinkstatuses", name, {"status": status})
+    patch_status(namespace, name, {"lag": total_lag})
+    return status

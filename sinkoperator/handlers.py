@@ -1,0 +1,57 @@
+"""Kopf handlers for ClickHouseSink: thin wrappers over actions (crate-operator's handlers/actions split)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from . import actions
+from .render import GROUP, VERSION
+
+PLURAL = "clickhousesinks"
+STATUS_INTERVAL = float(os.environ.get("CHSINK_STATUS_INTERVAL", "30"))
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> Any:
+    """In-cluster service account, else $KUBECONFIG read now (the client library reads it at import)."""
+    from kubernetes import config
+
+    try:  # the actions use the kubernetes client's default configuration
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.startup()
+def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 60
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def reconcile(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, status: Any, **_: Any) -> dict[str, str]:
+    changed = actions.reconcile(body, namespace, name, dict(spec), dict(meta), dict(status))
+    return {"sparkApplication": changed}
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, **_: Any) -> None:
+    actions.cleanup(body, namespace, name, dict(spec), dict(meta))
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=STATUS_INTERVAL, initial_delay=min(5.0, STATUS_INTERVAL),
+            idle=None, sharp=True)
+def refresh_sink_status(*, body: Any, namespace: Any, name: Any, spec: Any, **_: Any) -> None:
+    if (spec or {}).get("state", "running") == "stopped":
+        return
+    actions.sink_status(body, namespace, name, dict(spec))
