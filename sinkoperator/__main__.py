@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-import kopf
+import kopf.cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ["run", "-m", "sinkoperator.handlers", f"--liveness={a.liveness}"]
     args += [f"--namespace={n}" for n in a.namespace] or ["--all-namespaces"]
     args += [f"--peering={a.peering}"] if a.peering else ["--standalone"]
-    return int(kopf.cli.main(args=args, standalone_mode=False) or 0)  # type: ignore[attr-defined]
+    return int(kopf.cli.main(args=args, standalone_mode=False) or 0)
 
 
 if __name__ == "__main__":

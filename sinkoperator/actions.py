@@ -137,9 +137,13 @@ def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: 
         apply_configmap(cm)
         changed = apply_app(app)
         phase, ready_reason = ("Paused", "Paused") if state == "paused" else ("Running", "Submitted")
+    cfg = sink_config(namespace, name, spec)
+    removed = sorted(set(filter(None, str(status.get("topics") or "").split(","))) - set(cfg.kafka.topics)) \
+        if cfg.kafka.topics and status.get("topics") else []
+    if removed:
+        clean_removed_topics(body, cfg, removed)
     current = _get_app(namespace, obj)
     app_state = ((current or {}).get("status") or {}).get("applicationState", {}).get("state", "")
-    cfg = sink_config(namespace, name, spec)
     new_status = {
         "state": phase, "topics": ",".join(cfg.kafka.topics) or cfg.kafka.topic_pattern,
         "shards": len(cfg.clickhouse.endpoints), "observedGeneration": generation,
@@ -157,6 +161,41 @@ def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: 
     return changed
 
 
+def _store(cfg: Any) -> Any:
+    from sparkapp.clients import clickhouse_client
+
+    store = state_store(cfg, clickhouse_client(cfg.clickhouse))
+    store.ensure_schema()
+    return store
+
+
+def clean_removed_topics(body: Any, cfg: Any, topics: list[str]) -> int:
+    """Per-partition state cleanup for topics removed from the spec.
+
+    A new epoch is taken first: it fences the running job, which can then neither move nor
+    re-create these rows (it fails and is resubmitted with the new config), and only then are the
+    rows deleted.
+    """
+    store = _store(cfg)
+    epoch = store.acquire_epoch(cfg.name, owner="chsink-operator")
+    n = store.delete_topics(cfg.name, topics)
+    kopf.info(body, reason="TopicsRemoved",
+              message=f"fenced the job (epoch {epoch}) and deleted {n} state row(s) of removed topic(s) {topics}")
+    return int(n)
+
+
+def delete_checkpoint(location: str) -> bool:
+    """Deletes a checkpoint the operator can reach (a local or mounted path); object stores are left alone."""
+    import shutil
+    from pathlib import Path
+
+    path = location.removeprefix("file://")
+    if not path.startswith("/") or not Path(path).exists():
+        return False
+    shutil.rmtree(path)
+    return True
+
+
 def cleanup(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: dict[str, Any]) -> None:
     """The finalizer: with deletionPolicy Delete, stop the job, then delete its state."""
     if (meta.get("annotations") or {}).get(FORCE_DELETE_ANNOTATION) == "true":
@@ -168,11 +207,9 @@ def cleanup(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: di
     try:
         delete_app(namespace, object_name(name), wait_s=60)
         cfg = sink_config(namespace, name, spec)
-        from sparkapp.clients import clickhouse_client
-
-        store = state_store(cfg, clickhouse_client(cfg.clickhouse))
-        store.ensure_schema()
-        n = store.delete(cfg.name)
+        n = _store(cfg).delete(cfg.name)
+        if delete_checkpoint(cfg.checkpoint_location):
+            kopf.info(body, reason="CheckpointDeleted", message=f"deleted checkpoint {cfg.checkpoint_location}")
     except kopf.TemporaryError:
         raise
     except Exception as e:
@@ -186,12 +223,8 @@ def cleanup(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: di
 
 def sink_status(body: Any, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Refreshes the SinkStatus object: state rows from the store, lag from Kafka high watermarks."""
-    from sparkapp.clients import clickhouse_client
-
     cfg = sink_config(namespace, name, spec)
-    store = state_store(cfg, clickhouse_client(cfg.clickhouse))
-    store.ensure_schema()
-    rows = store.list_sink(cfg.name)
+    rows = _store(cfg).list_sink(cfg.name)
     parts = topic_partitions(cfg.kafka)
     partitions: list[dict[str, Any]] = []
     total_lag = 0
@@ -228,5 +261,7 @@ def sink_status(body: Any, namespace: str, name: str, spec: dict[str, Any]) -> d
         if e.status != 409:
             raise
         api.patch_namespaced_custom_object(GROUP, VERSION, namespace, "sinkstatuses", name, {"status": status})
-    patch_status(namespace, name, {"lag": total_lag})
+    app = _get_app(namespace, object_name(name))
+    app_state = ((app or {}).get("status") or {}).get("applicationState", {}).get("state", "")
+    patch_status(namespace, name, {"lag": total_lag, "sparkApplication": {"state": app_state}})
     return status

@@ -32,8 +32,8 @@ def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 60
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=f"kopf.{GROUP}")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=f"kopf.{GROUP}")
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

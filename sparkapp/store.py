@@ -167,9 +167,7 @@ class StateStore:
 
     def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
         """Records BEFORE over the range: from here on, a crash leads to an identical retry."""
-        sink_epoch = self.current_epoch(pk.sink)
-        if sink_epoch > epoch:
-            raise FencedError(f"{pk}: writer epoch {epoch} is stale; sink epoch is now {sink_epoch}")
+        self._check_sink_epoch(pk, epoch)
         self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard)
 
     def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
@@ -181,10 +179,22 @@ class StateStore:
         row = self.get(pk)
         if row is not None and row.state.epoch > epoch:
             raise FencedError(f"{pk}: writer epoch {epoch} is stale; partition taken over by epoch {row.state.epoch}")
+        if row is None:  # deleted (e.g. its topic was removed): only the sink's epoch can tell
+            self._check_sink_epoch(pk, epoch)
         return row
+
+    def _check_sink_epoch(self, pk: PartitionKey, epoch: int) -> None:
+        sink_epoch = self.current_epoch(pk.sink)
+        if sink_epoch > epoch:
+            raise FencedError(f"{pk}: writer epoch {epoch} is stale; sink epoch is now {sink_epoch}")
 
     def mark_dlq_done(self, pk: PartitionKey, epoch: int) -> None:
         self._update("dlq_done = 1, updated_at = now64(3)", f"key = {_q(pk.key)} AND epoch <= {epoch}")
+
+    def delete_topics(self, sink: str, topics: Iterable[str]) -> int:
+        """Deletes the partition rows of whole topics (removed from the sink)."""
+        gone = set(topics)
+        return self.delete(sink, [(r.pk.topic, r.pk.partition) for r in self.list_sink(sink) if r.pk.topic in gone])
 
     def delete(self, sink: str, partitions: Iterable[tuple[str, int]] | None = None) -> int:
         """Deletes a sink's partition rows (all, or the given (topic, partition) pairs); returns how many."""
@@ -212,6 +222,7 @@ class StateStore:
             raise FencedError(f"{pk}: writer epoch {epoch} is stale; partition owned by epoch {existing.state.epoch}")
         dlq_done = int(existing is not None and existing.dlq_done and existing.state.range == rng)
         if existing is None:
+            self._check_sink_epoch(pk, epoch)  # a stale writer must not re-create a deleted row
             row = self._row(pk.key, "partition", sink=pk.sink, topic=pk.topic, partition=pk.partition,
                             target=pk.table, phase=phase.value, min_offset=rng.min, max_offset=rng.max,
                             epoch=epoch, layout=layout, shard=shard)

@@ -39,25 +39,28 @@ def get(kube, kind: str, name: str) -> dict[str, Any] | None:
 
 
 @pytest.fixture
-def sink(operator, kafka, topic, ch_dsn, ch_db):
+def sink(operator, kafka, topic, ch_dsn, ch_db, tmp_path):
     client, db = ch_db
     client.command(f"CREATE TABLE `{db}`.events (id UInt64, _topic String, _partition UInt16, _offset UInt64) "
                    "ENGINE = MergeTree ORDER BY _offset")
     src = topic(2)
     name = f"s{next(_seq)}"
 
-    def apply(**spec: Any) -> dict[str, Any]:
+    checkpoint = tmp_path / "checkpoint"
+
+    def apply(topics: list[str] | None = None, **spec: Any) -> dict[str, Any]:
         cr = {"apiVersion": "chsink.io/v1alpha1", "kind": "ClickHouseSink",
               "metadata": {"name": name, "namespace": "default"},
-              "spec": {"kafka": {"bootstrapServers": kafka.bootstrap, "topics": [src]},
-                       "clickhouse": {"shards": [{"endpoint": ch_dsn}], "database": db, "tables": {src: "events"}},
+              "spec": {"kafka": {"bootstrapServers": kafka.bootstrap, "topics": topics or [src]},
+                       "clickhouse": {"shards": [{"endpoint": ch_dsn}], "database": db, "tables": {"*": "events"}},
                        "exactlyOnce": {"engine": "KeeperMap", "keeperPath": f"/op_{db}"},
-                       "checkpointLocation": f"/tmp/chsink-op/{name}", **spec}}
+                       "checkpointLocation": str(checkpoint), **spec}}
         operator.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
         return cr
 
     store = StateStore(client, "chsink_state", Engine.KEEPER_MAP, keeper_path=f"/op_{db}", database=db)
-    yield {"name": name, "topic": src, "apply": apply, "store": store, "db": db, "kube": operator}
+    yield {"name": name, "topic": src, "apply": apply, "store": store, "db": db, "kube": operator,
+           "checkpoint": checkpoint, "new_topic": lambda: topic(1)}
     operator.kubectl("delete", "clickhousesink", name, "--ignore-not-found", "--wait=true", "--timeout=60s",
                      check=False)
 
@@ -138,6 +141,8 @@ def test_finalizer_cleans_state_only_with_delete(sink, zookeeper, policy):
     epoch = st.acquire_epoch(f"default.{sink['name']}")
     st.begin(PartitionKey(f"default.{sink['name']}", sink["topic"], 0), OffsetRange(0, 9), epoch)
     path = f"/chsink_keeper_map/op_{sink['db']}/data"
+    (sink["checkpoint"] / "offsets").mkdir(parents=True)
+    (sink["checkpoint"] / "offsets" / "0").write_text("v1")
     before = znodes(zookeeper, path)
     assert before == 3  # schema, epoch, one partition
     sink["apply"](deletionPolicy=policy)
@@ -145,6 +150,7 @@ def test_finalizer_cleans_state_only_with_delete(sink, zookeeper, policy):
     sink["kube"].kubectl("delete", "clickhousesink", sink["name"], "--wait=true", "--timeout=90s")
     assert get(sink["kube"], "clickhousesink", sink["name"]) is None
     assert znodes(zookeeper, path) == (1 if policy == "Delete" else 3)
+    assert sink["checkpoint"].exists() == (policy == "Retain")  # a reachable checkpoint goes with Delete
 
 
 def test_invalid_spec_sets_degraded_naming_the_field(sink):
@@ -153,3 +159,54 @@ def test_invalid_spec_sets_degraded_naming_the_field(sink):
         (c for c in get(sink["kube"], "clickhousesink", sink["name"]).get("status", {}).get("conditions", [])
          if c["type"] == "Degraded" and c["status"] == "True"), None))
     assert "format" in cond["message"] and "avroSchema" in cond["message"]
+
+
+def test_removed_topic_state_is_cleaned_after_fencing_the_job(sink):
+    from sparkapp.store import FencedError
+
+    keep, drop = sink["topic"], sink["new_topic"]()
+    sid = f"default.{sink['name']}"
+    st = sink["store"]
+    st.ensure_schema()
+    job_epoch = st.acquire_epoch(sid)  # the running job's epoch
+    for t in (keep, drop):
+        st.begin(PartitionKey(sid, t, 0), OffsetRange(0, 9), job_epoch)
+        st.commit(PartitionKey(sid, t, 0), OffsetRange(0, 9), job_epoch)
+    sink["apply"](topics=[keep, drop])
+    wait_for("topics in status", lambda: get(sink["kube"], "clickhousesink", sink["name"])["status"]
+             .get("topics") == f"{keep},{drop}")
+    sink["apply"](topics=[keep])
+    wait_for("removed topic's state gone", lambda: [r.pk.topic for r in st.list_sink(sid)] == [keep])
+    assert st.current_epoch(sid) > job_epoch
+    with pytest.raises(FencedError):  # the old job can no longer re-create the removed topic's row
+        st.commit(PartitionKey(sid, drop, 0), OffsetRange(10, 19), job_epoch)
+    assert [r.pk.topic for r in st.list_sink(sid)] == [keep]
+
+
+def test_restart_nonce_forces_a_patch(sink):
+    sink["apply"]()
+    h = wait_for("app", lambda: app_of(sink))["metadata"]["annotations"]["chsink.io/spec-hash"]
+    sink["kube"].kubectl("annotate", "clickhousesink", sink["name"], "chsink.io/restart-nonce=2026-11-21T18:00")
+    wait_for("hash change", lambda: app_of(sink)["metadata"]["annotations"]["chsink.io/spec-hash"] != h)
+
+
+def test_entry_point_serves_liveness(chsink_crds, tmp_path):
+    import os
+    import subprocess
+    import urllib.request
+
+    from tests.testbed import free_port
+    from tests.testbed.process import REPO
+
+    port = free_port()
+    env = dict(os.environ, KUBECONFIG=str(chsink_crds.kubeconfig))
+    with open(tmp_path / "op.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "sinkoperator", "--namespace", "nowhere",
+                                 f"--liveness=http://127.0.0.1:{port}/healthz"], cwd=REPO, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for("liveness", lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status
+                 == 200, timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(30)
