@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 from sparkapp.config import ConfigError
 from sparkapp.kafka_io import topic_partitions, watermarks
 from sparkapp.runtime import state_store
-from sparkapp.state_machine import Phase
+from sparkapp.store import resume_positions
 
 from .render import GROUP, HASH_ANNOTATION, VERSION, object_name, render, sink_config
 
@@ -227,24 +227,16 @@ def sink_status(body: Any, namespace: str, name: str, spec: dict[str, Any]) -> d
     rows = _store(cfg).list_sink(cfg.name)
     parts = topic_partitions(cfg.kafka)
     partitions: list[dict[str, Any]] = []
-    total_lag = 0
-    done: dict[tuple[str, int], int] = {}
-    for r in rows:
-        s = r.state
-        upto = s.range.max + 1 if s.phase is Phase.AFTER else s.range.min
-        done[(r.pk.topic, r.pk.partition)] = min(upto, done.get((r.pk.topic, r.pk.partition), upto))
+    done = resume_positions(rows)
     highs = {(t, p): watermarks(cfg.kafka, t, p)[1] for t, n in parts.items() for p in range(n)}
-    for (t, p), high in sorted(highs.items()):
-        lag = max(0, high - done.get((t, p), 0))
-        total_lag += lag
+    total_lag = sum(max(0, high - done.get(tp, 0)) for tp, high in highs.items())
     for r in rows:
         s = r.state
         high = highs.get((r.pk.topic, r.pk.partition), 0)
-        upto = s.range.max + 1 if s.phase is Phase.AFTER else s.range.min
         partitions.append({"topic": r.pk.topic, "partition": r.pk.partition, "table": r.pk.table,
                            "minOffset": s.range.min, "maxOffset": s.range.max, "phase": s.phase.value,
                            "epoch": s.epoch, "lastCommit": r.updated_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                           "highWatermark": high, "lag": max(0, high - upto), "shard": r.shard})
+                           "highWatermark": high, "lag": max(0, high - s.resume_offset), "shard": r.shard})
     last = max((str(p["lastCommit"]) for p in partitions), default=None)
     declared = str(spec.get("state", "running")).capitalize()
     status = {"sink": cfg.name, "state": (body.get("status") or {}).get("state") or declared,

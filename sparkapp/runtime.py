@@ -19,8 +19,8 @@ from .dlq import KafkaDeadLetterSink
 from .insert import Inserter
 from .kafka_io import read_range
 from .schema import SchemaError, TableSchema, load_schema
-from .state_machine import OffsetRange, Phase
-from .store import PartitionKey, StateStore
+from .state_machine import OffsetRange
+from .store import PartitionKey, StateStore, resume_positions
 from .writer import PartitionResult, WriterContext, write_partition
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,7 @@ def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int]) -
     With several tables per partition the slowest table decides; the others skip what they have.
     Partitions without state start at the earliest offset (-2).
     """
-    resume: dict[tuple[str, int], int] = {}
-    for row in store.list_sink(sink):
-        s = row.state
-        pos = s.range.max + 1 if s.phase is Phase.AFTER else s.range.min
-        key = (row.pk.topic, row.pk.partition)
-        resume[key] = min(pos, resume.get(key, pos))
+    resume = resume_positions(store.list_sink(sink))
     return {t: {str(p): resume.get((t, p), -2) for p in range(n)} for t, n in partitions.items()}
 
 

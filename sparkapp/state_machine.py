@@ -67,6 +67,11 @@ class StoredState:
     epoch: int = 0
     layout: int = 0
 
+    @property
+    def resume_offset(self) -> int:
+        """Where the partition resumes: past an acknowledged range, or at the start of an unconfirmed one."""
+        return self.range.max + 1 if self.phase is Phase.AFTER else self.range.min
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -68,6 +68,15 @@ class StateRow:
     updated_at: dt.datetime
 
 
+def resume_positions(rows: Iterable[StateRow]) -> dict[tuple[str, int], int]:
+    """Per (topic, partition), the offset everything below which is delivered; the slowest table decides."""
+    out: dict[tuple[str, int], int] = {}
+    for r in rows:
+        key = (r.pk.topic, r.pk.partition)
+        out[key] = min(r.state.resume_offset, out.get(key, r.state.resume_offset))
+    return out
+
+
 _COLUMNS = (
     "key String, kind Enum8('partition' = 1, 'epoch' = 2, 'schema' = 3), sink String, topic String, "
     "partition Int32, target String, phase Enum8('NONE' = 0, 'BEFORE' = 1, 'AFTER' = 2), "

@@ -18,7 +18,8 @@ from .dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_SINK, HEADER_TOPIC
 from .kafka_io import consumer, read_range, topic_partitions, watermarks
 from .runtime import state_store
 from .schema import load_schema
-from .state_machine import OffsetRange, Phase
+from .state_machine import OffsetRange
+from .store import resume_positions
 
 
 @dataclass
@@ -161,12 +162,7 @@ def verify(cfg: SinkConfig) -> Report:
                                                           and not r.pk.table.startswith("__")})
     ch, notes = _clickhouse_offsets(client, cfg.clickhouse.database, tables)
     dlq = _dlq_offsets(cfg)
-    delivered: dict[tuple[str, int], int] = {}
-    for r in rows:
-        s = r.state
-        upto = s.range.max + 1 if s.phase is Phase.AFTER else s.range.min
-        key = (r.pk.topic, r.pk.partition)
-        delivered[key] = min(upto, delivered.get(key, upto))
+    delivered = resume_positions(rows)
     reports = []
     for topic, n in parts.items():
         for p in range(n):

@@ -49,7 +49,7 @@ def start_offset(rng: random.Random, store: StateStore, pk: PartitionKey, log: l
     if row is None:
         return log[0].offset
     s = row.state
-    base = s.range.max + 1 if s.phase is Phase.AFTER else s.range.min
+    base = s.resume_offset
     roll = rng.random()
     if roll < 0.2:  # replay from further back (a lost checkpoint)
         return max(log[0].offset, base - rng.randrange(1, 40))
