@@ -18,13 +18,23 @@ from typing import Any
 
 from .state_machine import OffsetRange, Phase, StoredState
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: dlq phase + mark (v1 had a dlq_done flag)
 _STRICT = {"keeper_map_strict_mode": 1}
 
 
 class Engine(enum.Enum):
     KEEPER_MAP = "KeeperMap"
     ROCKSDB = "EmbeddedRocksDB"
+
+
+class DlqPhase(enum.Enum):
+    """Where a range's dead letters stand. SENDING records the DLQ's end positions before producing, so a
+    retry can read back what already arrived instead of producing it twice (Kafka produce is not idempotent
+    across producer sessions)."""
+
+    NONE = "NONE"
+    DONE = "DONE"
+    SENDING = "SENDING"
 
 
 class FencedError(RuntimeError):
@@ -64,7 +74,8 @@ class StateRow:
     state: StoredState
     owner: str
     shard: int
-    dlq_done: bool
+    dlq: DlqPhase
+    dlq_mark: str
     updated_at: dt.datetime
 
 
@@ -81,11 +92,11 @@ _COLUMNS = (
     "key String, kind Enum8('partition' = 1, 'epoch' = 2, 'schema' = 3), sink String, topic String, "
     "partition Int32, target String, phase Enum8('NONE' = 0, 'BEFORE' = 1, 'AFTER' = 2), "
     "min_offset Int64, max_offset Int64, epoch UInt64, owner String, layout UInt32, shard UInt32, "
-    "dlq_done UInt8, updated_at DateTime64(3, 'UTC')"
+    "dlq Enum8('NONE' = 0, 'DONE' = 1, 'SENDING' = 2), dlq_mark String, updated_at DateTime64(3, 'UTC')"
 )
 _NAMES = (
     "key", "kind", "sink", "topic", "partition", "target", "phase", "min_offset", "max_offset",
-    "epoch", "owner", "layout", "shard", "dlq_done", "updated_at",
+    "epoch", "owner", "layout", "shard", "dlq", "dlq_mark", "updated_at",
 )
 _SELECT = ", ".join(n for n in _NAMES if n != "kind")
 
@@ -126,6 +137,11 @@ class StateStore:
             raise StateStoreError(
                 f"state table {self.fqn} has schema v{version}, newer than this chsink "
                 f"(v{SCHEMA_VERSION}); upgrade chsink"
+            )
+        if version < SCHEMA_VERSION:
+            raise StateStoreError(
+                f"state table {self.fqn} has schema v{version}, older than this chsink (v{SCHEMA_VERSION}); "
+                "drain the sink with the old version, then drop the table (state.table) and restart"
             )
 
     # ---- epochs -----------------------------------------------------------------------------
@@ -197,8 +213,17 @@ class StateStore:
         if sink_epoch > epoch:
             raise FencedError(f"{pk}: writer epoch {epoch} is stale; sink epoch is now {sink_epoch}")
 
+    def mark_dlq_sending(self, pk: PartitionKey, epoch: int, mark: str) -> StateRow:
+        """Records the DLQ's end positions before producing; the first mark of a range wins."""
+        self._update(f"dlq = 'SENDING', dlq_mark = {_q(mark)}, updated_at = now64(3)",
+                     f"key = {_q(pk.key)} AND epoch <= {epoch} AND dlq = 'NONE'")
+        row = self.check_fence(pk, epoch)
+        if row is None or row.dlq is DlqPhase.NONE:
+            raise FencedError(f"{pk}: could not record the dead-letter mark (row gone or taken over)")
+        return row
+
     def mark_dlq_done(self, pk: PartitionKey, epoch: int) -> None:
-        self._update("dlq_done = 1, updated_at = now64(3)", f"key = {_q(pk.key)} AND epoch <= {epoch}")
+        self._update("dlq = 'DONE', updated_at = now64(3)", f"key = {_q(pk.key)} AND epoch <= {epoch}")
 
     def delete_topics(self, sink: str, topics: Iterable[str]) -> int:
         """Deletes the partition rows of whole topics (removed from the sink)."""
@@ -229,7 +254,8 @@ class StateStore:
         existing = self.get(pk)
         if existing is not None and existing.state.epoch > epoch:
             raise FencedError(f"{pk}: writer epoch {epoch} is stale; partition owned by epoch {existing.state.epoch}")
-        dlq_done = int(existing is not None and existing.dlq_done and existing.state.range == rng)
+        same = existing is not None and existing.state.range == rng
+        dlq, mark = (existing.dlq, existing.dlq_mark) if existing is not None and same else (DlqPhase.NONE, "")
         if existing is None:
             self._check_sink_epoch(pk, epoch)  # a stale writer must not re-create a deleted row
             row = self._row(pk.key, "partition", sink=pk.sink, topic=pk.topic, partition=pk.partition,
@@ -244,7 +270,8 @@ class StateStore:
         else:
             self._update(
                 f"phase = '{phase.value}', min_offset = {rng.min}, max_offset = {rng.max}, epoch = {epoch}, "
-                f"layout = {layout}, shard = {shard}, dlq_done = {dlq_done}, updated_at = now64(3)",
+                f"layout = {layout}, shard = {shard}, dlq = '{dlq.value}', dlq_mark = {_q(mark)}, "
+                "updated_at = now64(3)",
                 f"key = {_q(pk.key)} AND epoch <= {epoch}",
             )
         after = self.get(pk)
@@ -259,7 +286,7 @@ class StateStore:
     def _row(self, key: str, kind: str, **kw: Any) -> list[Any]:
         return [key, kind, kw.get("sink", ""), kw.get("topic", ""), kw.get("partition", 0), kw.get("target", ""),
                 kw.get("phase", "NONE"), kw.get("min_offset", 0), kw.get("max_offset", 0), kw.get("epoch", 0),
-                kw.get("owner", ""), kw.get("layout", 0), kw.get("shard", 0), 0,
+                kw.get("owner", ""), kw.get("layout", 0), kw.get("shard", 0), "NONE", "",
                 dt.datetime.now(dt.UTC)]
 
     def _insert(self, rows: list[list[Any]], strict: bool = False) -> None:
@@ -275,7 +302,7 @@ class StateStore:
     def _state_row(self, r: tuple[Any, ...]) -> StateRow:
         pk = PartitionKey(r[1], r[2], int(r[3]), r[4])
         state = StoredState(OffsetRange(int(r[6]), int(r[7])), Phase(r[5]), int(r[8]), int(r[10]))
-        return StateRow(pk, state, r[9], int(r[11]), bool(r[12]), r[13])
+        return StateRow(pk, state, r[9], int(r[11]), DlqPhase(r[12]), r[13], r[14])
 
 
 def _q(s: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from .clients import clickhouse_client
 from .config import SinkConfig
-from .dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_SINK, HEADER_TOPIC
+from .dlq import read_dead_letters
 from .kafka_io import consumer, read_range, topic_partitions, watermarks
 from .runtime import state_store
 from .schema import load_schema
@@ -106,36 +106,14 @@ def _clickhouse_offsets(client: Any, database: str, tables: list[str]) -> tuple[
 
 
 def _dlq_offsets(cfg: SinkConfig) -> Counter[tuple[str, int, int]]:
-    counts: Counter[tuple[str, int, int]] = Counter()
     if not cfg.dlq.topic:
-        return counts
-    from confluent_kafka import KafkaError, TopicPartition
-
+        return Counter()
     parts = topic_partitions(cfg.kafka.model_copy(update={"topics": [cfg.dlq.topic], "topic_pattern": None}))
     c = consumer(cfg.kafka, group=f"chsink-verify-{cfg.name}")
     try:
-        assign = []
-        for p in range(parts[cfg.dlq.topic]):
-            lo, hi = c.get_watermark_offsets(TopicPartition(cfg.dlq.topic, p), timeout=15)
-            if hi > lo:
-                assign.append(TopicPartition(cfg.dlq.topic, p, lo))
-        c.assign(assign)
-        open_parts = {tp.partition for tp in assign}
-        while open_parts:
-            m = c.poll(5)
-            if m is None:
-                break
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    open_parts.discard(m.partition())
-                continue
-            h = {k: v for k, v in (m.headers() or [])}
-            if h.get(HEADER_SINK, b"").decode() != cfg.name:
-                continue
-            counts[(h[HEADER_TOPIC].decode(), int(h[HEADER_PARTITION]), int(h[HEADER_OFFSET]))] += 1
+        return read_dead_letters(c, cfg.dlq.topic, dict.fromkeys(range(parts[cfg.dlq.topic]), 0), cfg.name)
     finally:
         c.close()
-    return counts
 
 
 def _existing(cfg: SinkConfig, topic: str, partition: int, missing: list[int]) -> list[int]:

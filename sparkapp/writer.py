@@ -16,16 +16,23 @@ from .blocks import build_blocks, dedup_token
 from .decode import DeadLetter, Message, decode_batch
 from .insert import Inserter
 from .state_machine import Case, MissingPolicy, OffsetRange, plan_batch
-from .store import FencedError, PartitionKey, StateStore
+from .store import DlqPhase, FencedError, PartitionKey, StateRow, StateStore
 
 log = logging.getLogger(__name__)
 
-STEPS = ("before_begin", "after_begin", "after_dlq", "after_block", "after_insert", "after_commit")
+STEPS = ("before_begin", "after_begin", "after_dlq_mark", "after_dlq_send", "after_dlq", "after_block",
+         "after_insert", "after_commit")
 
 
 class DeadLetterSink(Protocol):
     def send(self, sink: str, dead: Sequence[DeadLetter]) -> None:
         """Writes the dead letters durably (flushed) before returning."""
+
+    def mark(self) -> str:
+        """The sink's current end position, taken before producing."""
+
+    def sent_since(self, mark: str, sink: str) -> set[tuple[str, int, int]]:
+        """(topic, partition, offset) of the sink's dead letters that arrived after `mark`."""
 
 
 class UndeliverableError(RuntimeError):
@@ -84,8 +91,9 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
     rows, dead = decode_batch(ctx.decode, msgs)
     for rng in plan.dead_letter:  # seed 000 "contains" in BEFORE: cannot be re-sent identically
         note = "; ".join(plan.notes) or f"stored BEFORE range not reproducible ({rng})"
-        _send_dead(ctx, pk, [DeadLetter(m, note) for m in msgs if m.offset in rng])
-        result.dead_lettered += sum(1 for m in msgs if m.offset in rng)
+        unsure = [DeadLetter(m, note) for m in msgs if m.offset in rng]
+        _dead_letter(ctx, pk, unsure, row, trust_done=False)  # DONE may cover only the range's bad records
+        result.dead_lettered += len(unsure)
     for maybe, retry in ((plan.retry, True), (plan.insert, False)):
         if maybe is None:
             continue
@@ -94,10 +102,7 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
         ctx.store.begin(pk, rng, ctx.epoch, ctx.layout, ctx.shard)
         ctx.fault("after_begin")
         dead_in = [d for d in dead if d.message.offset in rng]
-        if dead_in and not (retry and row is not None and row.dlq_done):
-            _send_dead(ctx, pk, dead_in)
-            ctx.store.mark_dlq_done(pk, ctx.epoch)
-            ctx.fault("after_dlq")
+        _dead_letter(ctx, pk, dead_in, row if retry else None, trust_done=True)
         result.dead_lettered += len(dead_in)
         blocks = build_blocks(
             rng, [r for r in rows if r[0] in rng], ctx.inserter.schema.names, ctx.block_offsets,
@@ -126,7 +131,12 @@ def _ordered(messages: Sequence[Message]) -> list[Message]:
     return [by_offset[o] for o in sorted(by_offset)]
 
 
-def _send_dead(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> None:
+def _dead_letter(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter], row: StateRow | None,
+                 trust_done: bool) -> None:
+    """Produces dead letters exactly once per range: marked SENDING first, read back on a retry, then DONE.
+
+    `row` is the stored row of this same range (None for a fresh range, which `begin` reset to NONE).
+    """
     if not dead:
         return
     if ctx.dlq is None:
@@ -135,4 +145,20 @@ def _send_dead(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> 
             f"{pk}: {len(dead)} record(s) cannot be delivered and no dead-letter topic is configured "
             f"(set dlq.topic to divert them): {first}"
         )
-    ctx.dlq.send(pk.sink, dead)
+    phase = row.dlq if row is not None else DlqPhase.NONE
+    if phase is DlqPhase.DONE and trust_done:
+        return
+    if phase is DlqPhase.NONE:
+        ctx.store.mark_dlq_sending(pk, ctx.epoch, ctx.dlq.mark())
+        ctx.fault("after_dlq_mark")
+    else:  # an earlier attempt may have produced some or all of them: send only what is not there
+        assert row is not None
+        there = ctx.dlq.sent_since(row.dlq_mark, pk.sink)
+        dead = [d for d in dead if (d.message.topic, d.message.partition, d.message.offset) not in there]
+        log.info("%s: %d dead letter(s) of this range still to produce after reading back the DLQ", pk, len(dead))
+    if dead:
+        ctx.store.check_fence(pk, ctx.epoch)
+        ctx.dlq.send(pk.sink, dead)
+    ctx.fault("after_dlq_send")
+    ctx.store.mark_dlq_done(pk, ctx.epoch)
+    ctx.fault("after_dlq")
