@@ -7,6 +7,8 @@ import sys
 
 import kopf.cli
 
+LOG_FLAGS = {"debug": ["--debug"], "info": ["--verbose"], "warning": [], "error": ["--quiet"]}
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sinkoperator")
@@ -15,8 +17,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--liveness", default="http://0.0.0.0:8080/healthz")
     ap.add_argument("--peering", default=None,
                     help="a KopfPeering name for several replicas; default: standalone (one replica)")
+    ap.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
+    ap.add_argument("--log-level", choices=sorted(LOG_FLAGS), default="info")
     a = ap.parse_args(argv)
-    args = ["run", "-m", "sinkoperator.handlers", f"--liveness={a.liveness}"]
+    if a.metrics_port:
+        from .metrics import serve
+
+        serve(a.metrics_port)
+    args = ["run", "-m", "sinkoperator.handlers", f"--liveness={a.liveness}", *LOG_FLAGS[a.log_level]]
     args += [f"--namespace={n}" for n in a.namespace] or ["--all-namespaces"]
     args += [f"--peering={a.peering}"] if a.peering else ["--standalone"]
     return int(kopf.cli.main(args=args, standalone_mode=False) or 0)

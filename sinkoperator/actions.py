@@ -19,7 +19,8 @@ from sparkapp.kafka_io import topic_partitions, watermarks
 from sparkapp.runtime import state_store
 from sparkapp.store import resume_positions
 
-from .render import GROUP, HASH_ANNOTATION, VERSION, object_name, render, sink_config
+from . import metrics
+from .render import GROUP, HASH_ANNOTATION, VERSION, Defaults, object_name, render, secret_env_vars, sink_config
 
 log = logging.getLogger(__name__)
 SPARK = ("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
@@ -120,9 +121,11 @@ def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: 
     nonce = (meta.get("annotations") or {}).get(NONCE_ANNOTATION, "")
     state = spec.get("state", "running")
     try:
-        cm, app = render(namespace, name, spec, nonce)
+        cm, app = render(namespace, name, spec, nonce, Defaults.from_env())
     except ConfigError as e:
         msg = str(e)
+        metrics.RECONCILE_ERRORS.labels("InvalidSpec").inc()
+        metrics.sink_state(namespace, name, "Invalid")
         patch_status(namespace, name, {"state": "Invalid", "conditions": merge_conditions(status.get("conditions"), [
             condition("Ready", False, "InvalidSpec", msg, generation),
             condition("Degraded", True, "InvalidSpec", msg, generation)])})
@@ -141,7 +144,7 @@ def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: 
     removed = sorted(set(filter(None, str(status.get("topics") or "").split(","))) - set(cfg.kafka.topics)) \
         if cfg.kafka.topics and status.get("topics") else []
     if removed:
-        clean_removed_topics(body, cfg, removed)
+        clean_removed_topics(body, operator_config(namespace, name, spec), removed)
     current = _get_app(namespace, obj)
     app_state = ((current or {}).get("status") or {}).get("applicationState", {}).get("state", "")
     new_status = {
@@ -156,9 +159,44 @@ def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: 
             condition("Degraded", False, "AsExpected", "", generation)]),
     }
     patch_status(namespace, name, new_status)
+    metrics.RECONCILES.labels(changed).inc()
+    metrics.sink_state(namespace, name, phase)
     if changed != "unchanged" or status.get("state") != phase:
         kopf.info(body, reason=phase, message=f"SparkApplication {obj} {changed}; sink {phase.lower()}")
     return changed
+
+
+def secret_values(namespace: str, spec: dict[str, Any]) -> dict[str, str]:
+    """The values the job gets from Secrets (env name -> value), read with `get` on exactly those Secrets."""
+    import base64
+
+    core = client.CoreV1Api()
+    secrets: dict[str, dict[str, Any]] = {}
+    out: dict[str, str] = {}
+    for var in secret_env_vars(spec):
+        ref = var["valueFrom"]["secretKeyRef"]
+        if ref["name"] not in secrets:
+            try:
+                secrets[ref["name"]] = core.read_namespaced_secret(ref["name"], namespace).data or {}
+            except ApiException as e:
+                raise kopf.TemporaryError(f"cannot read Secret {namespace}/{ref['name']} named by the sink: "
+                                          f"{e.status} {e.reason}", delay=30) from None
+        data = secrets[ref["name"]]
+        if ref["key"] not in data:
+            raise kopf.TemporaryError(f"Secret {namespace}/{ref['name']} has no key {ref['key']!r} "
+                                      f"(needed for {var['name']})", delay=30)
+        out[var["name"]] = base64.b64decode(data[ref["key"]]).decode()
+    return out
+
+
+def operator_config(namespace: str, name: str, spec: dict[str, Any]) -> Any:
+    """The sink's config with its Secrets bound in memory, for the operator's own state-store and Kafka calls."""
+    cfg = sink_config(namespace, name, spec)
+    values = secret_values(namespace, spec)
+    for ref in (cfg.clickhouse.password, *cfg.kafka.secret_options.values()):
+        if ref is not None and ref.env in values:
+            ref.bind(values[ref.env])
+    return cfg
 
 
 def _store(cfg: Any) -> Any:
@@ -206,7 +244,7 @@ def cleanup(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: di
         return
     try:
         delete_app(namespace, object_name(name), wait_s=60)
-        cfg = sink_config(namespace, name, spec)
+        cfg = operator_config(namespace, name, spec)
         n = _store(cfg).delete(cfg.name)
         if delete_checkpoint(cfg.checkpoint_location):
             kopf.info(body, reason="CheckpointDeleted", message=f"deleted checkpoint {cfg.checkpoint_location}")
@@ -223,7 +261,7 @@ def cleanup(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: di
 
 def sink_status(body: Any, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Refreshes the SinkStatus object: state rows from the store, lag from Kafka high watermarks."""
-    cfg = sink_config(namespace, name, spec)
+    cfg = operator_config(namespace, name, spec)
     rows = _store(cfg).list_sink(cfg.name)
     parts = topic_partitions(cfg.kafka)
     partitions: list[dict[str, Any]] = []

@@ -8,7 +8,7 @@ from typing import Any
 
 import kopf
 
-from . import actions
+from . import actions, metrics
 from .render import GROUP, VERSION
 
 PLURAL = "clickhousesinks"
@@ -40,13 +40,20 @@ def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def reconcile(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, status: Any, **_: Any) -> dict[str, str]:
-    changed = actions.reconcile(body, namespace, name, dict(spec), dict(meta), dict(status))
+    try:
+        changed = actions.reconcile(body, namespace, name, dict(spec), dict(meta), dict(status))
+    except kopf.PermanentError:
+        raise  # counted where it is decided (an invalid spec)
+    except Exception as e:
+        metrics.RECONCILE_ERRORS.labels(type(e).__name__).inc()
+        raise
     return {"sparkApplication": changed}
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, **_: Any) -> None:
     actions.cleanup(body, namespace, name, dict(spec), dict(meta))
+    metrics.sink_state(namespace, name, None)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=STATUS_INTERVAL, initial_delay=min(5.0, STATUS_INTERVAL),

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -28,6 +31,23 @@ MAIN_FILE = "local:///opt/chsink/main.py"
 DEFAULT_IMAGE = "ghcr.io/chsink/chsink-spark:0.1.0"
 DEFAULT_SPARK_VERSION = "4.0.0"
 CLICKHOUSE_PASSWORD_ENV = "CHSINK_CLICKHOUSE_PASSWORD"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Install-wide defaults for what a ClickHouseSink leaves out (set by the Helm chart as env vars)."""
+
+    image: str = DEFAULT_IMAGE
+    spark_version: str = DEFAULT_SPARK_VERSION
+    service_account: str = ""
+    packages: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Defaults:
+        return cls(env.get("CHSINK_SPARK_IMAGE") or DEFAULT_IMAGE,
+                   env.get("CHSINK_SPARK_VERSION") or DEFAULT_SPARK_VERSION,
+                   env.get("CHSINK_SPARK_SERVICE_ACCOUNT", ""),
+                   tuple(p for p in env.get("CHSINK_SPARK_PACKAGES", "").split(",") if p))
 
 
 def object_name(name: str) -> str:
@@ -69,7 +89,8 @@ def sink_config(namespace: str, name: str, spec: dict[str, Any]) -> SinkConfig:
     return parse_config(data, f"ClickHouseSink {namespace}/{name} (spec)")
 
 
-def _env(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def secret_env_vars(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's environment variables taken from Secrets (secretKeyRef); the operator reads the same ones."""
     env: list[dict[str, Any]] = []
     k = spec["kafka"]
     for opt, key in sorted(k.get("secretOptions", {}).items()):
@@ -86,7 +107,8 @@ def spec_hash(material: Any) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "",
+           defaults: Defaults = Defaults()) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (ConfigMap, SparkApplication) for a ClickHouseSink."""
     cfg = sink_config(namespace, name, spec)
     labels = {"app.kubernetes.io/name": "chsink", "app.kubernetes.io/instance": name,
@@ -96,29 +118,32 @@ def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "") -> 
           "metadata": {"name": object_name(name), "namespace": namespace, "labels": labels},
           "data": {CONFIG_FILE: config_text}}
     spark = spec.get("spark", {})
-    env = _env(spec)
+    env = secret_env_vars(spec)
     conf = {**spark.get("sparkConf", {}), "spark.speculation": "false",
             "spark.kubernetes.driver.annotation.chsink.io/sink": name}
     driver: dict[str, Any] = {
         "cores": spark.get("driver", {}).get("cores", 1), "memory": spark.get("driver", {}).get("memory", "1g"),
         "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}], "env": env,
     }
-    if spark.get("serviceAccount"):
-        driver["serviceAccount"] = spark["serviceAccount"]
+    if spark.get("serviceAccount") or defaults.service_account:
+        driver["serviceAccount"] = spark.get("serviceAccount") or defaults.service_account
     ex = spark.get("executor", {})
     executor = {"cores": ex.get("cores", 1), "memory": ex.get("memory", "1g"), "instances": ex.get("instances", 1),
                 "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}], "env": env}
     app_spec: dict[str, Any] = {
         "type": "Python", "pythonVersion": "3", "mode": "cluster",
-        "image": spark.get("image", DEFAULT_IMAGE), "imagePullPolicy": spark.get("imagePullPolicy", "IfNotPresent"),
+        "image": spark.get("image", defaults.image), "imagePullPolicy": spark.get("imagePullPolicy", "IfNotPresent"),
         "mainApplicationFile": MAIN_FILE, "arguments": ["run", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
-        "sparkVersion": spark.get("version", DEFAULT_SPARK_VERSION), "sparkConf": dict(sorted(conf.items())),
+        "sparkVersion": spark.get("version", defaults.spark_version), "sparkConf": dict(sorted(conf.items())),
         # a stream is never "done": restart it after failures, forever, with a pause
         "restartPolicy": {"type": "Always", "onFailureRetryInterval": 10, "onSubmissionFailureRetryInterval": 30},
         "driver": driver, "executor": executor, "suspend": spec.get("state", "running") == "paused",
     }
-    if spark.get("deps"):
-        app_spec["deps"] = spark["deps"]
+    deps = dict(spark.get("deps") or {})
+    if defaults.packages and "packages" not in deps:
+        deps["packages"] = list(defaults.packages)
+    if deps:
+        app_spec["deps"] = deps
     digest = spec_hash({"config": config_text, "spark": app_spec, "nonce": nonce})
     app = {"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
            "metadata": {"name": object_name(name), "namespace": namespace, "labels": labels,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .decode import DecoderSpec, Format
 from .state_machine import MissingPolicy as MissingPolicy  # re-exported for the job
@@ -37,6 +37,11 @@ class SecretRef(Strict):
 
     env: str | None = None
     file: str | None = None
+    _bound: str | None = PrivateAttr(default=None)
+
+    def bind(self, value: str) -> None:
+        """Holds a value in memory only (the operator, which reads Secrets through the API, not env)."""
+        self._bound = value
 
     @model_validator(mode="after")
     def _one(self) -> SecretRef:
@@ -45,6 +50,8 @@ class SecretRef(Strict):
         return self
 
     def resolve(self, where: str) -> str:
+        if self._bound is not None:
+            return self._bound
         if self.env is not None:
             if self.env not in os.environ:
                 raise ConfigError(f"{where}: environment variable {self.env} is not set")

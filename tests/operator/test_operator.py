@@ -198,15 +198,17 @@ def test_entry_point_serves_liveness(chsink_crds, tmp_path):
     from tests.testbed import free_port
     from tests.testbed.process import REPO
 
-    port = free_port()
+    port, mport = free_port(), free_port()
     env = dict(os.environ, KUBECONFIG=str(chsink_crds.kubeconfig))
     with open(tmp_path / "op.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "sinkoperator", "--namespace", "nowhere",
-                                 f"--liveness=http://127.0.0.1:{port}/healthz"], cwd=REPO, env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+                                 f"--liveness=http://127.0.0.1:{port}/healthz", f"--metrics-port={mport}",
+                                 "--log-level=debug"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for("liveness", lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status
                  == 200, timeout=60)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+        assert "chsink_operator_reconcile_total" in text and "chsink_operator_sinks" in text
     finally:
         proc.terminate()
         proc.wait(30)

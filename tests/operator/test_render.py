@@ -92,3 +92,21 @@ def test_invalid_cr_is_rejected_by_the_schema_naming_the_field(chsink_crds, path
     node[path[-1]] = value
     res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(cr), check=False)
     assert res.returncode != 0 and needle in res.stderr, res.stderr
+
+
+def test_install_defaults_from_the_chart_apply_where_the_cr_is_silent():
+    from sinkoperator.render import Defaults
+
+    d = Defaults.from_env({"CHSINK_SPARK_IMAGE": "reg/spark:1", "CHSINK_SPARK_VERSION": "4.0.1",
+                           "CHSINK_SPARK_SERVICE_ACCOUNT": "spark-sa",
+                           "CHSINK_SPARK_PACKAGES": "a:b:1,c:d:2"})
+    spec = copy.deepcopy(SAMPLE["spec"])
+    del spec["spark"]
+    _, app = render("default", "orders", spec, "", d)
+    s = app["spec"]
+    assert (s["image"], s["sparkVersion"], s["driver"]["serviceAccount"]) == ("reg/spark:1", "4.0.1", "spark-sa")
+    assert s["deps"]["packages"] == ["a:b:1", "c:d:2"]
+    _, mine = render("default", "orders", SAMPLE["spec"], "", d)  # the CR's own values win
+    assert (mine["spec"]["image"], mine["spec"]["driver"]["serviceAccount"]) == ("registry.example/chsink-spark:0.1.0",
+                                                                                 "chsink-spark")
+    assert Defaults.from_env({}) == Defaults()

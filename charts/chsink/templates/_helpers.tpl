@@ -1,0 +1,78 @@
+{{- define "chsink.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else -}}{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
+
+{{- define "chsink.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "chsink.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "chsink.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}{{ default (include "chsink.fullname" .) .Values.serviceAccount.name }}
+{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
+{{- end -}}
+
+{{/* Namespaces that hold sinks: the watched ones, or the release namespace for a cluster-wide install. */}}
+{{- define "chsink.sinkNamespaces" -}}
+{{- if .Values.watchNamespaces -}}{{ join "," .Values.watchNamespaces }}{{- else -}}{{ .Release.Namespace }}{{- end -}}
+{{- end -}}
+
+{{/* The operator's rules, shared by the ClusterRole (cluster-wide) and the per-namespace Roles. */}}
+{{- define "chsink.operatorRules" -}}
+# its own resources: watched by kopf, patched for finalizers and kopf's progress annotations
+- apiGroups: [chsink.io]
+  resources: [clickhousesinks]
+  verbs: [get, list, watch, patch, update]
+- apiGroups: [chsink.io]
+  resources: [clickhousesinks/status]
+  verbs: [get, patch, update]
+# the SinkStatus it publishes (kubectl get sinkstatus)
+- apiGroups: [chsink.io]
+  resources: [sinkstatuses]
+  verbs: [get, create, patch]
+# the SparkApplication it renders per sink; deleted on stop and by the finalizer
+- apiGroups: [sparkoperator.k8s.io]
+  resources: [sparkapplications]
+  verbs: [get, create, patch, delete]
+# the ConfigMap holding each job's config
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch]
+# kopf posts handler progress and sink lifecycle as Events
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create]
+# credentials named by sinks, to reach the state store and Kafka for cleanup and status
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+  {{- with .Values.rbac.secretNames }}
+  resourceNames: {{ toJson . }}
+  {{- end }}
+{{- if .Values.peering.enabled }}
+# kopf peering between replicas
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end }}
+{{- end -}}
+
+{{/* kopf watches namespaces (to follow --namespace) and CRDs (resources appearing at runtime). */}}
+{{- define "chsink.discoveryRules" -}}
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- end -}}

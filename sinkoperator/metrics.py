@@ -1,0 +1,24 @@
+"""The operator's Prometheus metrics: reconciles, their errors, and sinks by state."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, start_http_server
+
+RECONCILES = Counter("chsink_operator_reconcile_total", "Reconciles of ClickHouseSinks, by outcome", ["result"])
+RECONCILE_ERRORS = Counter("chsink_operator_reconcile_errors_total", "Reconciles that failed, by reason", ["reason"])
+SINKS = Gauge("chsink_operator_sinks", "ClickHouseSinks by state, as last reconciled", ["state"])
+_STATES: dict[tuple[str, str], str] = {}
+
+
+def sink_state(namespace: str, name: str, state: str | None) -> None:
+    """Records a sink's state (None when it is gone) and recounts the gauge."""
+    if state is None:
+        _STATES.pop((namespace, name), None)
+    else:
+        _STATES[(namespace, name)] = state
+    for s in {"Running", "Paused", "Stopped", "Invalid", *set(_STATES.values())}:
+        SINKS.labels(s).set(sum(1 for v in _STATES.values() if v == s))
+
+
+def serve(port: int) -> None:
+    start_http_server(port)

@@ -1,0 +1,83 @@
+"""The operator runs as the Helm chart's ServiceAccount (a real token, RBAC on) scoped to one namespace,
+and does its whole job there: proof that the chart's least-privilege rules are also sufficient."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from tests.packaging.test_chart import NS, template
+from tests.testbed.process import REPO
+
+from .test_operator import wait_for
+
+WATCHED = "rbac-data"
+
+
+@pytest.fixture(scope="module")
+def operator_as_chart_sa(chsink_crds, ch_factory, tmp_path_factory):
+    from kopf.testing import KopfRunner
+
+    kube = chsink_crds
+    for ns in (NS, WATCHED):
+        kube.kubectl("create", "namespace", ns, check=False)
+    docs = [d for d in template("rbac", sets=(f"watchNamespaces[0]={WATCHED}", "rbac.secretNames[0]=ch-creds"))
+            if d["kind"] not in ("CustomResourceDefinition", "Deployment")]
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    token = kube.kubectl("create", "token", "rbac-chsink", "-n", NS, "--duration=1h").stdout.strip()
+    kubeconfig = tmp_path_factory.mktemp("sa") / "kubeconfig"
+    kubeconfig.write_text(kube.api.kubeconfig_text(token, "rbac-chsink"))
+    ch_factory()
+    old = {k: os.environ.get(k) for k in ("KUBECONFIG", "CHSINK_STATUS_INTERVAL")}
+    os.environ.update(KUBECONFIG=str(kubeconfig), CHSINK_STATUS_INTERVAL="2")
+    try:
+        with KopfRunner(["run", "--standalone", f"--namespace={WATCHED}", "-m", "sinkoperator.handlers"],
+                        timeout=120) as runner:
+            kube.runner = runner
+            yield kube
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert runner.exception is None or isinstance(runner.exception, SystemExit), runner.output[-3000:]
+    assert "403" not in runner.output and "Forbidden" not in runner.output, runner.output[-3000:]
+
+
+def test_operator_with_chart_rbac_renders_reports_and_finalizes(operator_as_chart_sa, kafka, topic, ch_dsn, ch_db):
+    kube = operator_as_chart_sa
+    _, db = ch_db
+    kube.kubectl("create", "secret", "generic", "ch-creds", "-n", WATCHED, "--from-literal=password=x", check=False)
+    cr = {"apiVersion": "chsink.io/v1alpha1", "kind": "ClickHouseSink",
+          "metadata": {"name": "rbac", "namespace": WATCHED},
+          "spec": {"kafka": {"bootstrapServers": kafka.bootstrap, "topics": [topic(2)]},
+                   "clickhouse": {"shards": [{"endpoint": ch_dsn}], "database": db, "tables": {"*": "events"},
+                                  "credentialsSecretRef": {"name": "ch-creds"}},
+                   "exactlyOnce": {"engine": "KeeperMap", "keeperPath": f"/rbac_{db}"},
+                   "checkpointLocation": "/tmp/chsink-rbac-checkpoint", "deletionPolicy": "Delete"}}
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+    app = wait_for("SparkApplication", lambda: get_ns(kube, "sparkapplication", "chsink-rbac"))
+    assert app["spec"]["driver"]["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "ch-creds"
+    assert get_ns(kube, "configmap", "chsink-rbac")
+    wait_for("Running", lambda: (get_ns(kube, "clickhousesink", "rbac") or {}).get("status", {}).get("state")
+             == "Running")
+    wait_for("SinkStatus (state store reached with the Secret read by the operator)",
+             lambda: (get_ns(kube, "sinkstatus", "rbac") or {}).get("status", {}).get("partitionCount") == 2)
+    events = kube.kubectl("get", "events", "-n", WATCHED, "-o", "yaml").stdout
+    assert "SparkApplication chsink-rbac created" in events
+    res = kube.kubectl("delete", "clickhousesink", "rbac", "-n", WATCHED, "--wait=true", "--timeout=120s", check=False)
+    assert res.returncode == 0, kube.runner.output[-4000:]
+    assert get_ns(kube, "sparkapplication", "chsink-rbac") is None
+
+
+def get_ns(kube, kind: str, name: str):
+    res = kube.kubectl("get", kind, name, "-n", WATCHED, "-o", "yaml", check=False)
+    return yaml.safe_load(res.stdout) if res.returncode == 0 else None
+
+
+def test_examples_dir_is_what_the_chart_notes_point_at():
+    notes = (REPO / "charts" / "chsink" / "templates" / "NOTES.txt").read_text()
+    assert "examples/minimal.yaml" in notes and (REPO / "examples" / "minimal.yaml").exists()

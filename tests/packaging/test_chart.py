@@ -1,0 +1,190 @@
+"""The Helm chart: lint, template, server-side dry-run on the real API server, the values schema, and
+least-privilege RBAC checked with `kubectl auth can-i` as the chart's own ServiceAccount."""
+
+from __future__ import annotations
+
+import filecmp
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.testbed.process import REPO, cached, versions
+
+CHART = REPO / "charts" / "chsink"
+VALUES = sorted((REPO / "examples" / "helm").glob("*.yaml"))
+SINKS = sorted((REPO / "examples").glob("*.yaml"))
+NS = "chsink-system"
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    exe = cached(f"helm-{versions()['HELM_VERSION']}") / "bin" / "helm"
+    res = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
+    if check and res.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def template(release: str, *values: Path, sets: tuple[str, ...] = ()) -> list[dict]:
+    args = ["template", release, str(CHART), "-n", NS, "--include-crds"]
+    for v in values:
+        args += ["-f", str(v)]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def test_chart_crds_are_the_repository_crds():
+    names = sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
+    assert names == sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    for n in names:
+        assert filecmp.cmp(REPO / "crds" / n, CHART / "crds" / n, shallow=False), f"charts/chsink/crds/{n} is stale"
+
+
+@pytest.mark.parametrize("values", [None, *VALUES], ids=lambda v: v.name if v else "defaults")
+def test_helm_lint_and_template(values):
+    extra = ["-f", str(values)] if values else []
+    helm("lint", "--strict", str(CHART), *extra)
+    docs = template("t", *([values] if values else []))
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "ServiceAccount", "CustomResourceDefinition"} <= kinds
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["CHSINK_SPARK_IMAGE"] and env["CHSINK_SPARK_VERSION"] == "4.0.0"
+
+
+def test_values_schema_rejects_bad_values():
+    for bad, field in [("logLevel=loud", "/logLevel"), ("metrics.port=70000", "/metrics/port"),
+                       ("watchNamespaces[0]=Not_A_Namespace", "/watchNamespaces/0"),
+                       ("spark.version=latest", "/spark/version"), ("imageTag=1", "imageTag")]:
+        res = helm("template", "t", str(CHART), "--set", bad, check=False)
+        assert res.returncode != 0 and "schema" in res.stderr and field in res.stderr, (bad, res.stderr)
+
+
+def _apply_namespaces(kube, *names: str) -> None:
+    for n in names:
+        kube.kubectl("create", "namespace", n, check=False)
+
+
+@pytest.mark.parametrize("values", [None, *VALUES], ids=lambda v: v.name if v else "defaults")
+def test_rendered_manifests_pass_server_side_dry_run(kube, values):
+    """ServiceMonitor is left out: the Prometheus Operator's CRD is not part of this test bed."""
+    docs = [d for d in template("dry", *([values] if values else [])) if d["kind"] != "ServiceMonitor"]
+    spaces = {d["metadata"].get("namespace") for d in docs} - {None}
+    _apply_namespaces(kube, NS, *spaces)
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    kube.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
+    for d in crds:
+        kube.api.wait_crd(d["metadata"]["name"])
+    rest = [d for d in docs if d["kind"] != "CustomResourceDefinition"]
+    res = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(rest))
+    assert res.stdout.count("(server dry run)") == len(rest)
+
+
+@pytest.mark.parametrize("path", SINKS, ids=lambda p: p.name)
+def test_examples_pass_server_side_dry_run(kube, path):
+    from sinkoperator.render import render
+
+    _apply_namespaces(kube, "examples")
+    kube.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
+    kube.api.wait_crd("clickhousesinks.chsink.io")
+    res = kube.kubectl("apply", "-n", "examples", "--dry-run=server", "-f", str(path))
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert res.stdout.count("(server dry run)") == len(docs)
+    for d in docs:
+        if d["kind"] == "ClickHouseSink":  # and the operator renders it into a valid SparkApplication
+            cm, app = render("examples", d["metadata"]["name"], d["spec"])
+            kube.kubectl("apply", "-n", "examples", "--dry-run=server", "-f", "-",
+                         input=yaml.safe_dump_all([cm, app]))
+
+
+def can_i(kube, sa: str, verb: str, resource: str, namespace: str | None, *extra: str) -> bool:
+    ns = ["-n", namespace] if namespace else ["--all-namespaces"]
+    res = kube.kubectl("auth", "can-i", verb, resource, *ns, *extra, f"--as=system:serviceaccount:{NS}:{sa}",
+                       check=False)
+    return res.stdout.strip() == "yes"
+
+
+@pytest.fixture(scope="module")
+def scoped_install(kube):
+    """The chart installed (applied for real) scoped to two namespaces, with named Secrets only."""
+    _apply_namespaces(kube, NS, "data", "analytics", "elsewhere")
+    docs = [d for d in template("scoped", REPO / "examples" / "helm" / "namespaced.yaml")
+            if d["kind"] not in ("CustomResourceDefinition", "Deployment")]
+    kube.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    return kube
+
+
+ALLOWED = [
+    ("get", "clickhousesinks.chsink.io"), ("list", "clickhousesinks.chsink.io"),
+    ("watch", "clickhousesinks.chsink.io"), ("patch", "clickhousesinks.chsink.io"),
+    ("patch", "clickhousesinks.chsink.io/status"), ("create", "sinkstatuses.chsink.io"),
+    ("patch", "sinkstatuses.chsink.io"), ("create", "sparkapplications.sparkoperator.k8s.io"),
+    ("patch", "sparkapplications.sparkoperator.k8s.io"), ("delete", "sparkapplications.sparkoperator.k8s.io"),
+    ("create", "configmaps"), ("patch", "configmaps"), ("create", "events"),
+]
+DENIED = [
+    ("delete", "secrets"), ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"),
+    ("delete", "clickhousesinks.chsink.io"), ("create", "clickhousesinks.chsink.io"), ("delete", "configmaps"),
+    ("create", "pods"), ("delete", "pods"), ("create", "deployments.apps"), ("create", "roles.rbac.authorization.k8s.io"),
+    ("create", "rolebindings.rbac.authorization.k8s.io"), ("list", "sparkapplications.sparkoperator.k8s.io"),
+]
+
+
+def test_scoped_operator_can_do_its_work_in_watched_namespaces(scoped_install):
+    for ns in ("data", "analytics"):
+        for verb, res in ALLOWED:
+            assert can_i(scoped_install, "scoped-chsink", verb, res, ns), f"cannot {verb} {res} in {ns}"
+        assert can_i(scoped_install, "scoped-chsink", "get", "secrets/kafka-creds", ns)
+        assert can_i(scoped_install, "scoped-chsink", "get", "secrets/clickhouse-creds", ns)
+
+
+def test_scoped_operator_is_denied_everything_else(scoped_install):
+    for ns in ("data", "analytics"):
+        for verb, res in DENIED:
+            assert not can_i(scoped_install, "scoped-chsink", verb, res, ns), f"may {verb} {res} in {ns}"
+        assert not can_i(scoped_install, "scoped-chsink", "get", "secrets/unrelated", ns)
+    for verb, res in ALLOWED:  # none of its work outside the watched namespaces, nor cluster-wide
+        assert not can_i(scoped_install, "scoped-chsink", verb, res, "elsewhere"), f"may {verb} {res} elsewhere"
+        assert not can_i(scoped_install, "scoped-chsink", verb, res, None), f"may {verb} {res} cluster-wide"
+    assert not can_i(scoped_install, "scoped-chsink", "get", "secrets/kafka-creds", "elsewhere")
+    # cluster-wide it may only list/watch namespace and CRD names, which kopf follows even when scoped
+    assert can_i(scoped_install, "scoped-chsink", "watch", "namespaces", None)
+    assert can_i(scoped_install, "scoped-chsink", "list", "customresourcedefinitions.apiextensions.k8s.io", None)
+    assert not can_i(scoped_install, "scoped-chsink", "get", "namespaces", None)
+    assert not can_i(scoped_install, "scoped-chsink", "patch", "customresourcedefinitions.apiextensions.k8s.io", None)
+
+
+def test_spark_service_account_manages_only_its_executors(scoped_install):
+    for verb, res in [("create", "pods"), ("delete", "pods"), ("create", "services"), ("create", "configmaps"),
+                      ("create", "persistentvolumeclaims")]:
+        assert can_i(scoped_install, "chsink-spark", verb, res, "data") is False  # its SA lives in `data`, not NS
+        ok = scoped_install.kubectl("auth", "can-i", verb, res, "-n", "data",
+                                    "--as=system:serviceaccount:data:chsink-spark")
+        assert ok.stdout.strip() == "yes"
+    denied = scoped_install.kubectl("auth", "can-i", "get", "secrets", "-n", "data",
+                                    "--as=system:serviceaccount:data:chsink-spark", check=False)
+    assert denied.stdout.strip() == "no"
+
+
+def test_cluster_wide_install_uses_a_cluster_role(kube):
+    _apply_namespaces(kube, NS)
+    docs = [d for d in template("wide") if d["kind"] not in ("CustomResourceDefinition", "Deployment")]
+    assert {d["kind"] for d in docs} >= {"ClusterRole", "ClusterRoleBinding"}
+    assert "Role" not in {d["kind"] for d in docs if d["metadata"]["name"] == "wide-chsink"}
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    assert can_i(kube, "wide-chsink", "list", "clickhousesinks.chsink.io", None)
+    assert can_i(kube, "wide-chsink", "create", "sparkapplications.sparkoperator.k8s.io", "anywhere")
+    assert can_i(kube, "wide-chsink", "get", "secrets", "anywhere")
+    assert not can_i(kube, "wide-chsink", "list", "secrets", "anywhere")
+    assert not can_i(kube, "wide-chsink", "delete", "secrets", "anywhere")
+    assert not can_i(kube, "wide-chsink", "delete", "namespaces", None)
