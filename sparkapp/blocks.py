@@ -61,6 +61,22 @@ class Block:
         return len(self.offsets)
 
 
+@dataclass(frozen=True)
+class LineBlock:
+    """One INSERT on the fast path: a window's JSONEachRow lines, parsed by ClickHouse itself."""
+
+    window: OffsetRange
+    token: str
+    payload: bytes
+    offsets: tuple[int, ...]
+    lines: Any = None  # the Arrow slice the payload came from (to cut a partial retry)
+    shard: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets)
+
+
 def build_blocks(
     rng: OffsetRange,
     rows: Sequence[tuple[int, Sequence[Any]]],

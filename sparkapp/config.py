@@ -134,6 +134,8 @@ class FormatConfig(Strict):
     avro_schema: str | None = Field(default=None, alias="avroSchema")
     schema_registry_url: str | None = Field(default=None, alias="schemaRegistryUrl")
     max_message_bytes: int = Field(default=8 << 20, alias="maxMessageBytes", gt=0)
+    parser: Literal["clickhouse", "python"] = Field(
+        default="clickhouse", description="json: ClickHouse parses clean records (fast); python decodes each one")
 
     @model_validator(mode="after")
     def _avro(self) -> FormatConfig:
@@ -149,6 +151,7 @@ class FormatConfig(Strict):
 
 
 class StateConfig(Strict):
+    enabled: bool = Field(default=True, description="false: plain at-least-once inserts (benchmark baseline)")
     engine: Engine = Engine.KEEPER_MAP
     table: str = "chsink_state"
     database: str | None = None

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .blocks import Block
+from .blocks import Block, LineBlock
 from .schema import TableSchema
 
 log = logging.getLogger(__name__)
@@ -59,23 +59,41 @@ class Inserter:
         self.inserted_rows = 0
         self.inserts = 0
         self.retried_inserts = 0
+        # ClickHouse's own JSON parser, made strict and deterministic: a record it cannot fit fails the
+        # window (which then takes the decoding path) rather than being altered; one thread, one block
+        self.line_settings: dict[str, Any] = {
+            "input_format_skip_unknown_fields": 1, "input_format_null_as_default": 0,
+            "input_format_defaults_for_omitted_fields": 1, "input_format_parallel_parsing": 0,
+            "date_time_input_format": "best_effort", "input_format_allow_errors_num": 0,
+            "input_format_allow_errors_ratio": 0,
+        }
 
-    def insert(self, block: Block) -> None:
-        """Inserts one block; transient failures are retried with the identical block and token."""
-        settings = {
+    def _settings(self, token: str, rows: int) -> dict[str, Any]:
+        if not token:  # the at-least-once baseline
+            return {**self.settings, "insert_deduplicate": 0}
+        return {
             **self.settings,
             "insert_deduplicate": 1,
-            "insert_deduplication_token": block.token,
+            "insert_deduplication_token": token,
             # one insert must stay one ClickHouse block, or the token suffixes would depend on sizes
-            "max_insert_block_size": max(1_048_576, block.rows + 1),
+            "max_insert_block_size": max(1_048_576, rows + 1),
             "min_insert_block_size_rows": 0,
             "min_insert_block_size_bytes": 0,
         }
+
+    def insert(self, block: Block | LineBlock) -> None:
+        """Inserts one block; transient failures are retried with the identical block and token."""
+        settings = self._settings(block.token, block.rows)
+        if isinstance(block, LineBlock):
+            settings.update(self.line_settings)
         attempt = 0
         while True:
             try:
-                self.client.insert(self.schema.fqn, list(block.data), column_names=list(block.columns),
-                                   column_oriented=True, settings=settings)
+                if isinstance(block, LineBlock):
+                    self.client.raw_insert(self.schema.fqn, None, block.payload, settings=settings, fmt="JSONEachRow")
+                else:
+                    self.client.insert(self.schema.fqn, list(block.data), column_names=list(block.columns),
+                                       column_oriented=True, settings=settings)
                 self.inserts += 1
                 self.inserted_rows += block.rows
                 return
@@ -89,7 +107,7 @@ class Inserter:
                 log.warning("transient insert error, retry %d/%d in %.1fs: %s", attempt, self.retries, delay, e)
                 self.sleep(delay)
 
-    def check(self, block: Block, topic: str, partition: int) -> Recovery:
+    def check(self, block: Block | LineBlock, topic: str, partition: int) -> Recovery:
         """Counts the block's offsets already present in the table (needs the offset columns)."""
         res = self.client.query(
             f"SELECT _offset, count() FROM {self.schema.fqn} WHERE _topic = {{t:String}} "
@@ -105,7 +123,7 @@ class Inserter:
             duplicated=tuple(sorted(o for o, c in counts.items() if c > 1 or o not in present)),
         )
 
-    def retry(self, block: Block, topic: str, partition: int) -> Recovery | None:
+    def retry(self, block: Block | LineBlock, topic: str, partition: int) -> Recovery | None:
         """Re-sends a BEFORE block so the end state holds each of its offsets exactly once."""
         if not self.schema.has_offset_columns:
             self.insert(block)  # relies on the deduplication window; see README "Window limits"
@@ -120,11 +138,14 @@ class Inserter:
             self.insert(block)
             return rec
         keep = [i for i, o in enumerate(block.offsets) if o in set(rec.missing)]
-        part = replace(
-            block,
-            token=f"{block.token}|rest:{rec.missing[0]}-{rec.missing[-1]}:{len(rec.missing)}",
-            data=tuple([col[i] for i in keep] for col in block.data),
-            offsets=tuple(block.offsets[i] for i in keep),
-        )
-        self.insert(part)
+        token = f"{block.token}|rest:{rec.missing[0]}-{rec.missing[-1]}:{len(rec.missing)}"
+        offsets = tuple(block.offsets[i] for i in keep)
+        if isinstance(block, LineBlock):
+            from .lines import payload
+
+            lines = block.lines.take(keep)
+            self.insert(replace(block, token=token, payload=payload(lines), offsets=offsets, lines=lines))
+        else:
+            self.insert(replace(block, token=token, data=tuple([col[i] for i in keep] for col in block.data),
+                                offsets=offsets))
         return rec

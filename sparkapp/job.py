@@ -9,6 +9,7 @@ partition resumes: without a checkpoint the starting offsets are read from it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from .config import ConfigError, SinkConfig
 from .decode import Message
 from .dlq import KafkaDeadLetterSink
 from .kafka_io import topic_partitions
+from .lines import LineBatch, eligible, line_sql
 from .runtime import Runtime, starting_offsets, state_store
 from .schema import load_schema
 
@@ -61,29 +63,44 @@ def checkpoint_exists(spark: Any, location: str) -> bool:
     return bool(fs.exists(path)) and len(fs.listStatus(path)) > 0
 
 
-def arrow_to_messages(tbl: Any) -> Iterator[tuple[str, int, list[Message]]]:
-    """Groups an Arrow batch of Kafka rows into per-topic-partition message lists, offset-ordered."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+def partition_slices(tbl: Any) -> Iterator[tuple[str, int, Any]]:
+    """Splits an Arrow batch of Kafka rows into per-topic-partition tables, offset-ordered (vectorized)."""
+    import numpy as np
 
     if tbl.num_rows == 0:
         return
     tbl = tbl.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+    topics = tbl.column("topic").to_numpy(zero_copy_only=False)
+    parts = tbl.column("partition").to_numpy(zero_copy_only=False)
+    cuts = np.flatnonzero((topics[1:] != topics[:-1]) | (parts[1:] != parts[:-1])) + 1
+    bounds = [0, *cuts.tolist(), tbl.num_rows]
+    for a, b in itertools.pairwise(bounds):
+        yield str(topics[a]), int(parts[a]), tbl.slice(a, b - a)
+
+
+def table_messages(tbl: Any) -> list[Message]:
+    """One partition's Arrow rows as Messages (the decoding path needs them one by one)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     ts = pc.cast(tbl.column("timestamp"), pa.int64()).to_pylist()
     cols = {n: tbl.column(n).to_pylist() for n in ("topic", "partition", "offset", "key", "value")}
     headers = tbl.column("headers").to_pylist() if "headers" in tbl.column_names else None
-    start = 0
-    n = tbl.num_rows
-    for i in range(1, n + 1):
-        if i == n or cols["topic"][i] != cols["topic"][start] or cols["partition"][i] != cols["partition"][start]:
-            topic, part = cols["topic"][start], cols["partition"][start]
-            msgs = [
-                Message(topic, part, cols["offset"][j], cols["value"][j], cols["key"][j], (ts[j] or 0) // 1000,
-                        tuple((h["key"], h["value"] or b"") for h in (headers[j] or [])) if headers else ())
-                for j in range(start, i)
-            ]
-            yield topic, part, msgs
-            start = i
+    return [
+        Message(cols["topic"][j], cols["partition"][j], cols["offset"][j], cols["value"][j], cols["key"][j],
+                (ts[j] or 0) // 1000,
+                tuple((h["key"], h["value"] or b"") for h in (headers[j] or [])) if headers else ())
+        for j in range(tbl.num_rows)
+    ]
+
+
+def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[Any]:
+    """One partition's slice through the fast path (a `line` column) or the decoding path."""
+    if "line" in sub.column_names and rt.line_columns(topic) is not None:
+        batch = LineBatch(sub.column("offset").to_pylist(), sub.column("line").combine_chunks(),
+                          lambda: table_messages(sub))
+        return rt.process_lines(topic, part, batch)
+    return rt.process(topic, part, table_messages(sub))
 
 
 def _executor_fn(cfg_json: str, epoch: int) -> Any:
@@ -100,12 +117,12 @@ def _executor_fn(cfg_json: str, epoch: int) -> Any:
         if key not in _EXECUTOR_RUNTIMES:
             _EXECUTOR_RUNTIMES[key] = Runtime.open(SinkConfig.model_validate_json(cfg_json), epoch)
         rt = _EXECUTOR_RUNTIMES[key]
-        groups = list(arrow_to_messages(tbl))
+        groups = list(partition_slices(tbl))
         if len(groups) > 1:
             raise RuntimeError(f"a task received {len(groups)} Kafka partitions; chsink needs one per task")
-        for topic, part, msgs in groups:
-            results = rt.process(topic, part, msgs)
-            yield pa.RecordBatch.from_pylist([_result_row(topic, part, len(msgs), results)],
+        for topic, part, sub in groups:
+            results = deliver(rt, topic, part, sub)
+            yield pa.RecordBatch.from_pylist([_result_row(topic, part, sub.num_rows, results)],
                                              schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()),
                                                                ("rows", pa.int64()), ("inserted", pa.int64()),
                                                                ("dead", pa.int64()), ("cases", pa.string())]))
@@ -142,6 +159,7 @@ class SinkJob:
         self.in_batch = threading.Lock()
         self.runtime: Runtime | None = None
         self.epoch = 0
+        self.line_expr: str | None = None
 
     def preflight(self) -> dict[str, int]:
         """Checks everything a user can get wrong before Spark starts; raises ConfigError."""
@@ -160,6 +178,7 @@ class SinkJob:
                     load_schema(client, ch.database, table)
                 except Exception as e:
                     raise ConfigError(f"clickhouse.tables[{topic!r}]: {e}") from None
+        self.line_expr = self._line_expr(client, parts)
         store = state_store(self.cfg, client)
         store.ensure_schema()
         self.epoch = store.acquire_epoch(self.cfg.name, owner=f"{socket.gethostname()}:{os.getpid()}")
@@ -169,6 +188,17 @@ class SinkJob:
             self.runtime = Runtime(self.cfg, self.epoch, client, store, dlq)
         return parts
 
+    def _line_expr(self, client: Any, parts: dict[str, int]) -> str | None:
+        """The JVM expression of the fast path, when every topic goes to one table that can take it."""
+        ch, fmt = self.cfg.clickhouse, self.cfg.format
+        tables = {ch.table_for(t) for t in parts}
+        if ch.routed or fmt.type != "json" or fmt.parser != "clickhouse" or len(tables) != 1 or None in tables:
+            return None
+        schema = load_schema(client, ch.database, str(next(iter(tables))))
+        if not eligible(schema, fmt.type, ch.routed):
+            return None
+        return line_sql(schema.names, fmt.max_message_bytes)
+
     def handle_batch(self, batch_df: Any, batch_id: int) -> None:
         if self.stopping.is_set():
             raise RuntimeError(STOP_MARKER)  # fails this batch before any write: the checkpoint stays put
@@ -177,11 +207,11 @@ class SinkJob:
             cols = ["topic", "partition", "offset", "key", "value", "timestamp"]
             if self.cfg.clickhouse.table_header:
                 cols.append("headers")
-            df = batch_df.select(*cols)
+            df = batch_df.selectExpr(*cols, *([f"{self.line_expr} AS line"] if self.line_expr else []))
             rows: list[dict[str, Any]] = []
             if self.runtime is not None:  # chdb: write on the driver
-                for topic, part, msgs in arrow_to_messages(df.toArrow()):
-                    rows.append(_result_row(topic, part, len(msgs), self.runtime.process(topic, part, msgs)))
+                for topic, part, sub in partition_slices(df.toArrow()):
+                    rows.append(_result_row(topic, part, sub.num_rows, deliver(self.runtime, topic, part, sub)))
             else:  # HTTP: each executor task writes its own partition
                 fn = _executor_fn(self.cfg.model_dump_json(by_alias=True), self.epoch)
                 rows = [r.asDict() for r in df.mapInArrow(fn, _RESULT_SCHEMA).collect()]

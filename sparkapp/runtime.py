@@ -18,10 +18,11 @@ from .decode import DecodeError, Message, make_decoder
 from .dlq import KafkaDeadLetterSink
 from .insert import Inserter
 from .kafka_io import read_range
+from .lines import LineBatch, eligible
 from .schema import SchemaError, TableSchema, load_schema
 from .state_machine import OffsetRange
 from .store import PartitionKey, StateStore, resume_positions
-from .writer import PartitionResult, WriterContext, write_partition
+from .writer import PartitionResult, WriterContext, write_lines, write_partition
 
 log = logging.getLogger(__name__)
 UNROUTABLE = "__unroutable__"
@@ -113,11 +114,33 @@ class Runtime:
         return self.contexts[table]
 
     def _make_context(self, table: str, schema: TableSchema, decoder: Any) -> WriterContext:
+        inserter = Inserter(self.client, schema, self.cfg.clickhouse.settings)
+        inserter.line_settings["input_format_skip_unknown_fields"] = int(self.cfg.format.unknown_fields == "ignore")
         return WriterContext(
-            self.cfg.name, self.store, Inserter(self.client, schema, self.cfg.clickhouse.settings), decoder,
+            self.cfg.name, self.store, inserter, decoder,
             self.epoch, self.cfg.batching.block_offsets, self.dlq, refetch=None,
-            replay_below=self.cfg.clickhouse.routed,
+            replay_below=self.cfg.clickhouse.routed, exactly_once=self.cfg.state.enabled,
         )
+
+    def line_columns(self, topic: str) -> tuple[str, ...] | None:
+        """The target table's columns when this topic can take the fast path (ClickHouse parses JSON)."""
+        ch = self.cfg.clickhouse
+        table = ch.table_for(topic)
+        if ch.routed or table is None or self.cfg.format.type != "json" or self.cfg.format.parser != "clickhouse":
+            return None
+        ctx = self._context(table)
+        if ctx is None or not eligible(ctx.inserter.schema, "json", ch.routed):
+            return None
+        return ctx.inserter.schema.names
+
+    def process_lines(self, topic: str, partition: int, batch: LineBatch) -> list[PartitionResult]:
+        """The fast path of process(): one table, JSON lines parsed by ClickHouse."""
+        table = self.cfg.clickhouse.table_for(topic)
+        ctx = self._context(table) if table else None
+        if ctx is None:
+            return self.process(topic, partition, batch.messages())
+        ctx.refetch = self._refetcher(table or "")
+        return [write_lines(ctx, PartitionKey(self.cfg.name, topic, partition, ""), batch)]
 
     def process(self, topic: str, partition: int, messages: Sequence[Message]) -> list[PartitionResult]:
         """Delivers one topic-partition's batch: one state transition per target table."""

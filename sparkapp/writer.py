@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .blocks import build_blocks, dedup_token
+from .blocks import Block, LineBlock, build_blocks, cut_windows, dedup_token
 from .decode import DeadLetter, Message, decode_batch
-from .insert import Inserter
-from .state_machine import Case, MissingPolicy, OffsetRange, plan_batch
+from .insert import Inserter, InsertError, is_transient
+from .lines import LineBatch, payload, window_slices
+from .state_machine import Case, MissingPolicy, OffsetRange, Plan, plan_batch
 from .store import DlqPhase, FencedError, PartitionKey, StateRow, StateStore
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class WriterContext:
     layout: int = 0
     shard: int = 0
     replay_below: bool = False
+    exactly_once: bool = True  # False: plain at-least-once inserts, no state and no tokens (a baseline)
     fault: Callable[[str], None] = field(default=lambda step: None)
 
 
@@ -69,12 +71,28 @@ class PartitionResult:
     committed: OffsetRange | None = None
 
 
-def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Message]) -> PartitionResult:
-    """Delivers one partition's batch exactly once. Raises FencedError when a newer run took over."""
-    msgs = _ordered(messages)
+def _load(ctx: WriterContext, pk: PartitionKey) -> StateRow | None:
     row = ctx.store.get(pk)
     if row is not None and row.state.epoch > ctx.epoch:  # before planning: a stale run must not act
         raise FencedError(f"{pk}: writer epoch {ctx.epoch} is stale; partition owned by epoch {row.state.epoch}")
+    return row
+
+
+def _ranges(plan: Plan) -> list[tuple[OffsetRange, bool]]:
+    """The ranges to deliver, in order: the stored BEFORE range re-sent identically, then the new one."""
+    return [(r, retry) for r, retry in ((plan.retry, True), (plan.insert, False)) if r is not None]
+
+
+def _skipped(plan: Plan, offsets: Sequence[int]) -> int:
+    return sum(1 for o in offsets for r in plan.skip if o in r)
+
+
+def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Message]) -> PartitionResult:
+    """Delivers one partition's batch exactly once. Raises FencedError when a newer run took over."""
+    msgs = _ordered(messages)
+    if not ctx.exactly_once:
+        return _write_plain(ctx, pk, msgs)
+    row = _load(ctx, pk)
     stored = row.state if row else None
     final_policy = MissingPolicy.DEAD_LETTER if ctx.dlq else MissingPolicy.ERROR
     plan = plan_batch(str(pk), stored, [m.offset for m in msgs],
@@ -84,7 +102,7 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
         log.info("%s: re-read stored BEFORE range %s from Kafka (%d messages)", pk, plan.refetch, len(again))
         msgs = _ordered([*again, *msgs])
         plan = plan_batch(str(pk), stored, [m.offset for m in msgs], final_policy, ctx.replay_below)
-    result = PartitionResult(pk, plan.case, skipped=sum(1 for m in msgs for r in plan.skip if m.offset in r))
+    result = PartitionResult(pk, plan.case, skipped=_skipped(plan, [m.offset for m in msgs]))
     if not (plan.retry or plan.insert or plan.dead_letter):
         return result
 
@@ -94,35 +112,131 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
         unsure = [DeadLetter(m, note) for m in msgs if m.offset in rng]
         _dead_letter(ctx, pk, unsure, row, trust_done=False)  # DONE may cover only the range's bad records
         result.dead_lettered += len(unsure)
-    for maybe, retry in ((plan.retry, True), (plan.insert, False)):
-        if maybe is None:
-            continue
-        rng = maybe
-        ctx.fault("before_begin")
-        ctx.store.begin(pk, rng, ctx.epoch, ctx.layout, ctx.shard)
-        ctx.fault("after_begin")
-        dead_in = [d for d in dead if d.message.offset in rng]
-        _dead_letter(ctx, pk, dead_in, row if retry else None, trust_done=True)
-        result.dead_lettered += len(dead_in)
-        blocks = build_blocks(
-            rng, [r for r in rows if r[0] in rng], ctx.inserter.schema.names, ctx.block_offsets,
-            lambda w: dedup_token(pk.sink, pk.topic, pk.partition, w, pk.table, ctx.shard), ctx.shard,
-        )
-        ctx.store.check_fence(pk, ctx.epoch)
-        for block in blocks:
-            if retry:
-                ctx.inserter.retry(block, pk.topic, pk.partition)
-            else:
-                ctx.inserter.insert(block)
-            result.inserted_rows += block.rows
-            ctx.fault("after_block")
-        ctx.fault("after_insert")
-        ctx.store.commit(pk, rng, ctx.epoch, ctx.layout, ctx.shard)
-        ctx.fault("after_commit")
-        result.committed = rng
-        if retry:
-            result.retried = rng
+    for rng, retry in _ranges(plan):
+        _begin(ctx, pk, rng)
+        _deliver_decoded(ctx, pk, rng, retry, row, rows, dead, result)
+        _commit(ctx, pk, rng, retry, result)
     return result
+
+
+def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> PartitionResult:
+    """The fast path of write_partition: same plan, windows and tokens, but ClickHouse parses the records.
+
+    Anything unusual (a value that is not a JSON object, a stored range to re-read, a window that
+    ClickHouse rejects) takes the decoding path, decided only by the records, so a retry decides alike.
+    """
+    if not batch.complete or not batch.offsets:
+        return write_partition(ctx, pk, batch.messages())
+    if not ctx.exactly_once:
+        return _write_plain(ctx, pk, None, batch)
+    row = _load(ctx, pk)
+    final_policy = MissingPolicy.DEAD_LETTER if ctx.dlq else MissingPolicy.ERROR
+    plan = plan_batch(str(pk), row.state if row else None, batch.offsets,
+                      MissingPolicy.REFETCH if ctx.refetch else final_policy, ctx.replay_below)
+    if plan.refetch is not None or plan.dead_letter:
+        return write_partition(ctx, pk, batch.messages())
+    result = PartitionResult(pk, plan.case, skipped=_skipped(plan, batch.offsets))
+    for rng, retry in _ranges(plan):
+        _begin(ctx, pk, rng)
+        ctx.store.check_fence(pk, ctx.epoch)
+        for w, i, j in window_slices(batch.offsets, cut_windows(rng, ctx.block_offsets)):
+            lines = batch.lines.slice(i, j - i)
+            block = LineBlock(w, _token(ctx, pk, w), payload(lines), tuple(batch.offsets[i:j]), lines, ctx.shard)
+            try:
+                _send(ctx, pk, [block], retry, result)
+            except InsertError as e:
+                if e.__cause__ is not None and isinstance(e.__cause__, Exception) and is_transient(e.__cause__):
+                    raise
+                log.warning("%s: ClickHouse rejected window %s (%s); decoding from there on in Python",
+                            pk, w, str(e.__cause__ or e).splitlines()[0][:300])
+                msgs = [m for m in _ordered(batch.messages()) if w.min <= m.offset <= rng.max]
+                rows, dead = decode_batch(ctx.decode, msgs)
+                _deliver_decoded(ctx, pk, rng, retry, row, rows, dead, result, since=w.min)
+                break
+        _commit(ctx, pk, rng, retry, result)
+    return result
+
+
+def _write_plain(ctx: WriterContext, pk: PartitionKey, msgs: list[Message] | None,
+                 batch: LineBatch | None = None) -> PartitionResult:
+    """At-least-once, for comparison only: no state transitions, no tokens, no recovery."""
+    result = PartitionResult(pk, Case.NEW)
+    if batch is not None:
+        rng = OffsetRange(batch.offsets[0], batch.offsets[-1])
+        for w, i, j in window_slices(batch.offsets, cut_windows(rng, ctx.block_offsets)):
+            lines = batch.lines.slice(i, j - i)
+            try:
+                ctx.inserter.insert(LineBlock(w, "", payload(lines), tuple(batch.offsets[i:j]), lines))
+                result.inserted_rows += j - i
+            except InsertError:
+                rest = [m for m in _ordered(batch.messages()) if m.offset >= w.min]
+                done = _write_plain(ctx, pk, rest)
+                result.inserted_rows += done.inserted_rows
+                result.dead_lettered += done.dead_lettered
+                break
+        return result
+    assert msgs is not None
+    if not msgs:
+        return result
+    rows, dead = decode_batch(ctx.decode, msgs)
+    _send_plain_dead(ctx, pk, list(dead))
+    result.dead_lettered = len(dead)
+    rng = OffsetRange(msgs[0].offset, msgs[-1].offset)
+    for block in build_blocks(rng, rows, ctx.inserter.schema.names, ctx.block_offsets, lambda w: ""):
+        ctx.inserter.insert(block)
+        result.inserted_rows += block.rows
+    return result
+
+
+def _send_plain_dead(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> None:
+    if dead and ctx.dlq is None:
+        raise UndeliverableError(f"{pk}: {len(dead)} record(s) cannot be delivered and no dead-letter topic is set")
+    if dead and ctx.dlq is not None:
+        ctx.dlq.send(pk.sink, dead)
+
+
+def _token(ctx: WriterContext, pk: PartitionKey, w: OffsetRange) -> str:
+    return dedup_token(pk.sink, pk.topic, pk.partition, w, pk.table, ctx.shard)
+
+
+def _begin(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange) -> None:
+    ctx.fault("before_begin")
+    ctx.store.begin(pk, rng, ctx.epoch, ctx.layout, ctx.shard)
+    ctx.fault("after_begin")
+
+
+def _commit(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool, result: PartitionResult) -> None:
+    ctx.fault("after_insert")
+    ctx.store.commit(pk, rng, ctx.epoch, ctx.layout, ctx.shard)
+    ctx.fault("after_commit")
+    result.committed = rng
+    if retry:
+        result.retried = rng
+
+
+def _deliver_decoded(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool, row: StateRow | None,
+                     rows: Sequence[tuple[int, Sequence[Any]]], dead: Sequence[DeadLetter], result: PartitionResult,
+                     since: int | None = None) -> None:
+    """Dead letters, then decoded blocks, of `rng` (from offset `since` on, when the windows below are sent)."""
+    lo = rng.min if since is None else since
+    dead_in = [d for d in dead if lo <= d.message.offset <= rng.max]
+    _dead_letter(ctx, pk, dead_in, row if retry else None, trust_done=True)
+    result.dead_lettered += len(dead_in)
+    blocks = build_blocks(rng, [r for r in rows if lo <= r[0] <= rng.max], ctx.inserter.schema.names,
+                          ctx.block_offsets, lambda w: _token(ctx, pk, w), ctx.shard)
+    ctx.store.check_fence(pk, ctx.epoch)
+    _send(ctx, pk, blocks, retry, result)
+
+
+def _send(ctx: WriterContext, pk: PartitionKey, blocks: Sequence[Block | LineBlock], retry: bool,
+          result: PartitionResult) -> None:
+    for block in blocks:
+        if retry:
+            ctx.inserter.retry(block, pk.topic, pk.partition)
+        else:
+            ctx.inserter.insert(block)
+        result.inserted_rows += block.rows
+        ctx.fault("after_block")
 
 
 def _ordered(messages: Sequence[Message]) -> list[Message]:

@@ -44,3 +44,36 @@ def read_dlq(bootstrap: str, topic: str, n: int, linger_s: float = 2.0) -> list[
     c.close()
     assert len(out) >= n, f"only {len(out)} of {n} dead letters arrived"
     return out
+
+
+def reference_lines(messages: list[Message], columns: tuple[str, ...], max_bytes: int = 8 << 20):
+    """What `sparkapp.lines.line_sql` computes in the JVM, in Python (for tests without Spark)."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    out = []
+    for m in messages:
+        v = (m.value or b"").decode("utf-8", errors="surrogateescape").strip() if m.value is not None else None
+        if v is None or len(m.value or b"") > max_bytes or not (v.startswith("{") and v.endswith("}")):
+            out.append(None)
+            continue
+        meta = {}
+        for c in ("_topic", "_partition", "_offset", "_timestamp", "_key"):
+            if c not in columns:
+                continue
+            if c == "_timestamp":
+                t = dt.datetime.fromtimestamp(m.timestamp_ms / 1000, tz=dt.UTC)
+                meta[c] = t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+            elif c == "_key":
+                if m.key is not None:
+                    meta[c] = m.key.decode("utf-8", errors="replace")
+            else:
+                meta[c] = {"_topic": m.topic, "_partition": m.partition, "_offset": m.offset}[c]
+        if not meta:
+            out.append(v + "\n")
+            continue
+        head = json.dumps(meta, separators=(",", ":"), ensure_ascii=False)[:-1]
+        rest = "}" if v[1:-1].strip() == "" else "," + v[1:]
+        out.append(head + rest + "\n")
+    return pa.array(out, pa.string())

@@ -1,0 +1,221 @@
+"""`make bench`: (a) Spark's Kafka source, (b) raw insert, (c) the exactly-once job, (d) the same job at
+least once, on the same data in the same run; JSON + PNG in bench/results/. See bench/README.md."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.testbed import Kafka
+from tests.testbed.process import REPO
+from tests.testbed.spark import connector_jars
+
+from .data import TABLE, produce
+
+BATCH_LINE = re.compile(r"^(\S+ \S+) INFO chsink\.job: batch (\d+): (\d+) records from \d+ partitions in ([\d.]+)s")
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+class RssSampler(threading.Thread):
+    """Peak resident memory of a process tree, split into the driver (Python + JVM) and Python workers."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak = {"driver_python_mb": 0.0, "driver_jvm_mb": 0.0, "python_workers_mb": 0.0}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.25):
+            now = {k: 0.0 for k in self.peak}
+            for pid, cmd, rss in _tree(self.pid):
+                key = ("driver_python_mb" if pid == self.pid else "driver_jvm_mb" if "java" in cmd
+                       else "python_workers_mb" if "python" in cmd else None)
+                if key:
+                    now[key] += rss
+            for k, v in now.items():
+                self.peak[k] = max(self.peak[k], v)
+
+
+def _tree(root: int) -> list[tuple[int, str, float]]:
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        todo += kids.get(pid, [])
+        try:
+            cmd = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")).decode(errors="replace")
+            rss = next(int(x.split()[1]) for x in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if x.startswith("VmRSS:")) / 1024
+        except (OSError, StopIteration):
+            continue
+        out.append((pid, cmd, rss))
+    return out
+
+
+def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
+            block_offsets: int) -> dict[str, Any]:
+    """(c) or (d): the real job (`python -m sparkapp run`) on its own chdb, until the topic is drained."""
+    chdb = work / "chdb"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "hack.chsql", str(chdb), "CREATE DATABASE IF NOT EXISTS bench",
+                    TABLE.format(db="bench", table="events")], cwd=REPO, check=True, capture_output=True)
+    cfg = {"name": f"bench-{work.name}", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [topic]},
+           "clickhouse": {"endpoints": [f"chdb://{chdb}"], "database": "bench", "tables": {topic: "events"}},
+           "state": {"engine": "EmbeddedRocksDB", "enabled": exactly_once},
+           "batching": {"maxOffsetsPerTrigger": max_offsets, "blockOffsets": block_offsets,
+                        "triggerInterval": "0 seconds"},
+           "checkpointLocation": str(work / "checkpoint")}
+    (work / "sink.yaml").write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, CHSINK_SPARK_JARS=",".join(connector_jars()), PYTHONUNBUFFERED="1")
+    log = work / "job.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sparkapp", "run", "--config", str(work / "sink.yaml"),
+                                 "--until-idle", "4", "--quiet"], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    sampler = RssSampler(proc.pid)
+    sampler.start()
+    code = proc.wait(3600)
+    sampler.done.set()
+    text = log.read_text(errors="replace")
+    if code != 0:
+        raise RuntimeError(f"job failed ({code}):\n{text[-3000:]}")
+    batches = []
+    for line in text.splitlines():
+        m = BATCH_LINE.match(line)
+        if m and int(m.group(3)) > 0:
+            end = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            batches.append((end - float(m.group(4)), end, int(m.group(3)), float(m.group(4))))
+    rows = sum(b[2] for b in batches)
+    if rows != n:
+        raise RuntimeError(f"job delivered {rows} records, expected {n}:\n{text[-3000:]}")
+    steady = batches[1:] or batches  # the first batch also pays one-off costs (chdb's first insert, JIT)
+    wall = steady[-1][1] - steady[0][0]
+    lat = sorted(b[3] for b in batches)
+    return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in steady) / wall, "batches": len(batches),
+            "first_batch_s": batches[0][3], "all_batches_rows_per_s": rows / (batches[-1][1] - batches[0][0]),
+            "batch_p50_s": statistics.median(lat), "batch_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "peak_rss": {k: round(v, 1) for k, v in sampler.peak.items()}, "max_offsets_per_trigger": max_offsets}
+
+
+def measure(kind: str, *args: str) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, "-m", "bench.measure", kind, *args], cwd=REPO, capture_output=True,
+                         text=True, timeout=3600)
+    line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if res.returncode != 0 or line is None:
+        raise RuntimeError(f"bench.measure {kind} failed:\n{res.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(line[len("RESULT "):])
+    return out
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("c", "exactly-once (c)"), ("d", "at-least-once (d)")):
+        pts = sorted((r["max_offsets_per_trigger"], r["rows_per_s"]) for r in results["sweep"][key])
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    for key, style in (("a", ":"), ("b", "--")):
+        ax.axhline(results[key]["rows_per_s"], linestyle=style, color="grey",
+                   label=f"({key}) {'Spark Kafka source' if key == 'a' else 'raw insert'}")
+    ax.set_xscale("log")
+    ax.set_xlabel("maxOffsetsPerTrigger")
+    ax.set_ylabel("rows/s")
+    ax.set_title(f"chsink, {results['events']:,} events, {results['cores']} cores")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench")
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger of the main runs")
+    ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
+    ap.add_argument("--sweep", default="25000,100000,400000", help="maxOffsetsPerTrigger values for the chart")
+    ap.add_argument("--sweep-events", type=int, default=800_000)
+    ap.add_argument("--quick", action="store_true", help="a small smoke run (tests use it)")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.events, a.batch, a.block, a.sweep, a.sweep_events = 20_000, 5_000, 2_500, "2000,10000", 10_000
+    sweep = [int(x) for x in a.sweep.split(",")]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="chsink-bench-") as tmp:
+        work = Path(tmp)
+        with Kafka(work / "kafka") as kafka:
+            assert isinstance(kafka, Kafka)
+            topic, small = "bench", "bench-sweep"
+            kafka.create_topic(topic, a.partitions)
+            kafka.create_topic(small, a.partitions)
+            say(f"producing {a.events:,} events over {a.partitions} partitions")
+            size = produce(kafka.bootstrap, topic, a.events, a.partitions)
+            produce(kafka.bootstrap, small, a.sweep_events, a.partitions)
+            say("(a) Spark's Kafka source alone")
+            res_a = measure("source", kafka.bootstrap, topic, ",".join(connector_jars()))
+            say(f"    {res_a['rows_per_s']:,.0f} rows/s; (b) raw insert into chdb")
+            res_b = measure("raw", str(work / "raw"), str(min(a.events, 1_000_000)), str(a.block))
+            say(f"    {res_b['rows_per_s']:,.0f} rows/s; (c) the job, exactly-once")
+            res_c = run_job(work / "c", kafka, topic, a.events, a.batch, True, a.block)
+            say(f"    {res_c['rows_per_s']:,.0f} rows/s; (d) the job, at-least-once")
+            res_d = run_job(work / "d", kafka, topic, a.events, a.batch, False, a.block)
+            say(f"    {res_d['rows_per_s']:,.0f} rows/s; sweep over maxOffsetsPerTrigger {sweep}")
+            swept: dict[str, list[dict[str, Any]]] = {"c": [], "d": []}
+            for m in sweep:
+                for key, eo in (("c", True), ("d", False)):
+                    swept[key].append(run_job(work / f"s{key}{m}", kafka, small, a.sweep_events, m, eo,
+                                              min(a.block, m)))
+    c = res_c["rows_per_s"]
+    results = {
+        "date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions, "cores": cores,
+        "mean_value_bytes": round(size, 1), "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
+        "a": res_a, "b": res_b, "c": res_c, "d": res_d, "sweep": swept,
+        "rows_per_s": c, "rows_per_s_per_core": c / cores,
+        "ratio_c_a": c / res_a["rows_per_s"], "ratio_c_b": c / res_b["rows_per_s"],
+        "ratio_c_d": c / res_d["rows_per_s"],
+        "ratio_c_min_ab": c / min(res_a["rows_per_s"], res_b["rows_per_s"]),
+        "targets": {"ratio_c_d>=0.95": c / res_d["rows_per_s"] >= 0.95,
+                    "ratio_c_min_ab>=0.5": c / min(res_a["rows_per_s"], res_b["rows_per_s"]) >= 0.5,
+                    "rows_per_s_per_core>=100000": c / cores >= 100_000},
+        "quick": a.quick,
+    }
+    stem = f"{results['date']}{'-quick' if a.quick else ''}"
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
+    chart(results, out / f"{stem}.png")
+    print(json.dumps({k: v for k, v in results.items() if k != "sweep"}, indent=2))
+    say(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
