@@ -18,8 +18,9 @@ test: lint
 demo: setup
 	python -m hack.demo
 
-bench:
-	@echo "make bench: not yet available (the performance issue builds it)"
+BENCH_ARGS ?=
+bench: setup
+	python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +40,37 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid = pid
         self.peak = {"driver_python_mb": 0.0, "driver_jvm_mb": 0.0, "python_workers_mb": 0.0}
+        self.cpu: dict[int, float] = {}  # last seen user+system CPU seconds per process of the tree
+        self.samples: list[tuple[float, float]] = []  # (epoch seconds, CPU seconds of the whole tree so far)
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.25):
             now = {k: 0.0 for k in self.peak}
             for pid, cmd, rss in _tree(self.pid):
-                key = ("driver_python_mb" if pid == self.pid else "driver_jvm_mb" if "java" in cmd
-                       else "python_workers_mb" if "python" in cmd else None)
+                self.cpu[pid] = max(self.cpu.get(pid, 0.0), _cpu_seconds(pid))
+                key = ("driver_python_mb" if "-m sparkapp run" in cmd else "driver_jvm_mb" if "java" in cmd
+                       else "python_workers_mb" if "pyspark" in cmd else None)
                 if key:
                     now[key] += rss
             for k, v in now.items():
                 self.peak[k] = max(self.peak[k], v)
+            self.samples.append((time.time(), sum(self.cpu.values())))
+
+    def cores_used(self, start: float, end: float) -> float:
+        """Average CPU cores the job used between two wall-clock instants."""
+        inside = [(t, c) for t, c in self.samples if start <= t <= end]
+        if len(inside) < 2:
+            return 0.0
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _tree(root: int) -> list[tuple[int, str, float]]:
@@ -77,7 +97,7 @@ def _tree(root: int) -> list[tuple[int, str, float]]:
 
 
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
-            block_offsets: int) -> dict[str, Any]:
+            block_offsets: int, profile: Path | None = None) -> dict[str, Any]:
     """(c) or (d): the real job (`python -m sparkapp run`) on its own chdb, until the topic is drained."""
     chdb = work / "chdb"
     shutil.rmtree(work, ignore_errors=True)
@@ -94,7 +114,9 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
     env = dict(os.environ, CHSINK_SPARK_JARS=",".join(connector_jars()), PYTHONUNBUFFERED="1")
     log = work / "job.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sparkapp", "run", "--config", str(work / "sink.yaml"),
+        spy = [str(Path(sys.executable).parent / "py-spy"), "record", "-r", "50", "-f", "speedscope",
+               "-o", str(profile), "--"] if profile else []
+        proc = subprocess.Popen([*spy, sys.executable, "-m", "sparkapp", "run", "--config", str(work / "sink.yaml"),
                                  "--until-idle", "4", "--quiet"], cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
     sampler = RssSampler(proc.pid)
@@ -119,7 +141,9 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
     return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in steady) / wall, "batches": len(batches),
             "first_batch_s": batches[0][3], "all_batches_rows_per_s": rows / (batches[-1][1] - batches[0][0]),
             "batch_p50_s": statistics.median(lat), "batch_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-            "peak_rss": {k: round(v, 1) for k, v in sampler.peak.items()}, "max_offsets_per_trigger": max_offsets}
+            "peak_rss": {k: round(v, 1) for k, v in sampler.peak.items()},
+            "cpu_cores_used": round(sampler.cores_used(steady[0][0], steady[-1][1]), 2),
+            "max_offsets_per_trigger": max_offsets}
 
 
 def measure(kind: str, *args: str) -> dict[str, Any]:
@@ -140,7 +164,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label in (("c", "exactly-once (c)"), ("d", "at-least-once (d)")):
-        pts = sorted((r["max_offsets_per_trigger"], r["rows_per_s"]) for r in results["sweep"][key])
+        pts = sorted((r["max_offsets_per_trigger"], r["rows_per_s"]) for r in [*results["sweep"][key], results[key]])
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     for key, style in (("a", ":"), ("b", "--")):
         ax.axhline(results[key]["rows_per_s"], linestyle=style, color="grey",
@@ -163,11 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", default="25000,100000,400000", help="maxOffsetsPerTrigger values for the chart")
     ap.add_argument("--sweep-events", type=int, default=800_000)
     ap.add_argument("--quick", action="store_true", help="a small smoke run (tests use it)")
+    ap.add_argument("--profile", action="store_true", help="also record (c) under py-spy (a speedscope file)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
     if a.quick:
-        a.events, a.batch, a.block, a.sweep, a.sweep_events = 20_000, 5_000, 2_500, "2000,10000", 10_000
-    sweep = [int(x) for x in a.sweep.split(",")]
+        a.events, a.batch, a.block, a.sweep, a.sweep_events = 20_000, 5_000, 2_500, "4000", 8_000
+    sweep = [int(x) for x in a.sweep.split(",") if x.strip()]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
@@ -180,13 +205,15 @@ def main(argv: list[str] | None = None) -> int:
             kafka.create_topic(small, a.partitions)
             say(f"producing {a.events:,} events over {a.partitions} partitions")
             size = produce(kafka.bootstrap, topic, a.events, a.partitions)
-            produce(kafka.bootstrap, small, a.sweep_events, a.partitions)
+            if sweep:
+                produce(kafka.bootstrap, small, a.sweep_events, a.partitions)
             say("(a) Spark's Kafka source alone")
             res_a = measure("source", kafka.bootstrap, topic, ",".join(connector_jars()))
             say(f"    {res_a['rows_per_s']:,.0f} rows/s; (b) raw insert into chdb")
             res_b = measure("raw", str(work / "raw"), str(min(a.events, 1_000_000)), str(a.block))
             say(f"    {res_b['rows_per_s']:,.0f} rows/s; (c) the job, exactly-once")
-            res_c = run_job(work / "c", kafka, topic, a.events, a.batch, True, a.block)
+            res_c = run_job(work / "c", kafka, topic, a.events, a.batch, True, a.block,
+                            out / "profile-c.speedscope.json" if a.profile else None)
             say(f"    {res_c['rows_per_s']:,.0f} rows/s; (d) the job, at-least-once")
             res_d = run_job(work / "d", kafka, topic, a.events, a.batch, False, a.block)
             say(f"    {res_d['rows_per_s']:,.0f} rows/s; sweep over maxOffsetsPerTrigger {sweep}")

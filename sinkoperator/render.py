@@ -31,6 +31,7 @@ MAIN_FILE = "local:///opt/chsink/main.py"
 DEFAULT_IMAGE = "ghcr.io/chsink/chsink-spark:0.1.0"
 DEFAULT_SPARK_VERSION = "4.0.0"
 CLICKHOUSE_PASSWORD_ENV = "CHSINK_CLICKHOUSE_PASSWORD"
+METRICS_PORT = 9091
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,9 @@ def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "",
     driver: dict[str, Any] = {
         "cores": spark.get("driver", {}).get("cores", 1), "memory": spark.get("driver", {}).get("memory", "1g"),
         "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}], "env": env,
+        # the job's Prometheus endpoint (rows, inserts, retries, fencing, lag, batch durations)
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)},
     }
     if spark.get("serviceAccount") or defaults.service_account:
         driver["serviceAccount"] = spark.get("serviceAccount") or defaults.service_account
@@ -133,7 +137,8 @@ def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "",
     app_spec: dict[str, Any] = {
         "type": "Python", "pythonVersion": "3", "mode": "cluster",
         "image": spark.get("image", defaults.image), "imagePullPolicy": spark.get("imagePullPolicy", "IfNotPresent"),
-        "mainApplicationFile": MAIN_FILE, "arguments": ["run", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "mainApplicationFile": MAIN_FILE,
+        "arguments": ["run", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--metrics-port", str(METRICS_PORT)],
         "sparkVersion": spark.get("version", defaults.spark_version), "sparkConf": dict(sorted(conf.items())),
         # a stream is never "done": restart it after failures, forever, with a pause
         "restartPolicy": {"type": "Always", "onFailureRetryInterval": 10, "onSubmissionFailureRetryInterval": 30},

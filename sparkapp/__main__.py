@@ -22,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--until-idle", type=float, help="stop gracefully after this many seconds without new data")
     run.add_argument("--max-seconds", type=float, help="stop gracefully after this many seconds")
     run.add_argument("--quiet", action="store_true")
+    run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     ver = sub.add_parser("verify", help="compare Kafka, ClickHouse and the DLQ offset by offset")
     ver.add_argument("--config", required=True)
     ver.add_argument("--json", action="store_true")
@@ -44,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "run":
             from .job import SinkJob
 
+            if args.metrics_port:
+                from .metrics import serve
+
+                serve(args.metrics_port)
             return SinkJob(cfg, quiet=args.quiet).run(until_idle=args.until_idle, max_seconds=args.max_seconds)
         if args.cmd == "verify":
             from .verify import verify

@@ -9,6 +9,7 @@ partition resumes: without a checkpoint the starting offsets are read from it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import json
 import logging
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import metrics
 from .config import ConfigError, SinkConfig
 from .decode import Message
 from .dlq import KafkaDeadLetterSink
@@ -28,10 +30,12 @@ from .kafka_io import topic_partitions
 from .lines import LineBatch, eligible, line_sql
 from .runtime import Runtime, starting_offsets, state_store
 from .schema import load_schema
+from .store import FencedError
 
 log = logging.getLogger("chsink.job")
 STOP_MARKER = "chsink: stop requested"
-_RESULT_SCHEMA = "topic string, partition int, rows long, inserted long, dead long, cases string"
+_RESULT_SCHEMA = ("topic string, partition int, rows long, inserted long, dead long, inserts long, retried long, "
+                  "cases string")
 _EXECUTOR_RUNTIMES: dict[tuple[str, int], Runtime] = {}
 
 
@@ -55,6 +59,21 @@ def build_session(cfg: SinkConfig) -> Any:
     return builder.getOrCreate()
 
 
+def fresh_checkpoint(spark: Any, location: str, epoch: int) -> str:
+    """A new checkpoint directory for this run (`<location>/run-<epoch>`); older runs' are deleted.
+
+    On the pipelined driver path Spark commits a batch before chsink has written it, so a checkpoint
+    may be ahead of the data: every run starts from the state store instead, in a fresh directory.
+    """
+    jvm = spark._jvm
+    base = jvm.org.apache.hadoop.fs.Path(location.rstrip("/"))
+    fs = base.getFileSystem(spark._jsc.hadoopConfiguration())
+    if fs.exists(base):
+        for st in fs.listStatus(base):
+            fs.delete(st.getPath(), True)  # an older run's, or a checkpoint of a non-pipelined run
+    return f"{location.rstrip('/')}/run-{epoch}"
+
+
 def checkpoint_exists(spark: Any, location: str) -> bool:
     """True when the checkpoint has committed offsets (any Hadoop filesystem: local, s3a, hdfs...)."""
     jvm = spark._jvm
@@ -69,11 +88,19 @@ def partition_slices(tbl: Any) -> Iterator[tuple[str, int, Any]]:
 
     if tbl.num_rows == 0:
         return
-    tbl = tbl.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
-    topics = tbl.column("topic").to_numpy(zero_copy_only=False)
-    parts = tbl.column("partition").to_numpy(zero_copy_only=False)
-    cuts = np.flatnonzero((topics[1:] != topics[:-1]) | (parts[1:] != parts[:-1])) + 1
-    bounds = [0, *cuts.tolist(), tbl.num_rows]
+    for attempt in range(2):
+        topics = tbl.column("topic").to_numpy(zero_copy_only=False)
+        parts = tbl.column("partition").to_numpy(zero_copy_only=False)
+        offsets = tbl.column("offset").to_numpy(zero_copy_only=False)
+        cuts = np.flatnonzero((topics[1:] != topics[:-1]) | (parts[1:] != parts[:-1])) + 1
+        bounds = [0, *cuts.tolist(), tbl.num_rows]
+        rising = offsets[1:] > offsets[:-1]
+        rising[cuts - 1] = True  # where a group starts, its first offset may be lower
+        groups = {(topics[i], parts[i]) for i in bounds[:-1]}
+        if attempt or (len(groups) == len(bounds) - 1 and bool(rising.all())):
+            break
+        # Spark hands each Kafka partition over in offset order; sorting (a full copy) is the exception
+        tbl = tbl.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
     for a, b in itertools.pairwise(bounds):
         yield str(topics[a]), int(parts[a]), tbl.slice(a, b - a)
 
@@ -125,14 +152,16 @@ def _executor_fn(cfg_json: str, epoch: int) -> Any:
             yield pa.RecordBatch.from_pylist([_result_row(topic, part, sub.num_rows, results)],
                                              schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()),
                                                                ("rows", pa.int64()), ("inserted", pa.int64()),
-                                                               ("dead", pa.int64()), ("cases", pa.string())]))
+                                                               ("dead", pa.int64()), ("inserts", pa.int64()),
+                                                               ("retried", pa.int64()), ("cases", pa.string())]))
 
     return run
 
 
 def _result_row(topic: str, part: int, rows: int, results: list[Any]) -> dict[str, Any]:
     return {"topic": topic, "partition": part, "rows": rows, "inserted": sum(r.inserted_rows for r in results),
-            "dead": sum(r.dead_lettered for r in results), "cases": ",".join(r.case.value for r in results)}
+            "dead": sum(r.dead_lettered for r in results), "inserts": sum(r.inserts for r in results),
+            "retried": sum(1 for r in results if r.retried), "cases": ",".join(r.case.value for r in results)}
 
 
 @dataclass
@@ -158,6 +187,8 @@ class SinkJob:
         self.stopping = threading.Event()
         self.in_batch = threading.Lock()
         self.runtime: Runtime | None = None
+        self.writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chsink-writer")
+        self.pending: concurrent.futures.Future[None] | None = None
         self.epoch = 0
         self.line_expr: str | None = None
 
@@ -199,6 +230,31 @@ class SinkJob:
             return None
         return line_sql(schema.names, fmt.max_message_bytes)
 
+    def drain(self) -> None:
+        """Waits for the batch being written in the background; its failure fails the job."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def _write_arrow(self, tbl: Any, batch_id: int, t0: float) -> None:
+        assert self.runtime is not None
+        try:
+            rows = [_result_row(topic, part, sub.num_rows, deliver(self.runtime, topic, part, sub))
+                    for topic, part, sub in partition_slices(tbl)]
+        except FencedError:
+            metrics.FENCED.labels(self.cfg.name).inc()
+            raise
+        self._account(rows, batch_id, t0)
+
+    def _write_on_executors(self, df: Any, batch_id: int) -> list[dict[str, Any]]:
+        fn = _executor_fn(self.cfg.model_dump_json(by_alias=True), self.epoch)
+        rows = [r.asDict() for r in df.mapInArrow(fn, _RESULT_SCHEMA).collect()]
+        seen = [(r["topic"], r["partition"]) for r in rows]
+        if len(seen) != len(set(seen)):
+            raise RuntimeError(f"a Kafka partition was split across tasks in batch {batch_id}; check the Kafka "
+                               "source options")
+        return rows
+
     def handle_batch(self, batch_df: Any, batch_id: int) -> None:
         if self.stopping.is_set():
             raise RuntimeError(STOP_MARKER)  # fails this batch before any write: the checkpoint stays put
@@ -208,29 +264,29 @@ class SinkJob:
             if self.cfg.clickhouse.table_header:
                 cols.append("headers")
             df = batch_df.selectExpr(*cols, *([f"{self.line_expr} AS line"] if self.line_expr else []))
-            rows: list[dict[str, Any]] = []
-            if self.runtime is not None:  # chdb: write on the driver
-                for topic, part, sub in partition_slices(df.toArrow()):
-                    rows.append(_result_row(topic, part, sub.num_rows, deliver(self.runtime, topic, part, sub)))
-            else:  # HTTP: each executor task writes its own partition
-                fn = _executor_fn(self.cfg.model_dump_json(by_alias=True), self.epoch)
-                rows = [r.asDict() for r in df.mapInArrow(fn, _RESULT_SCHEMA).collect()]
-                seen = [(r["topic"], r["partition"]) for r in rows]
-                if len(seen) != len(set(seen)):
-                    raise RuntimeError("a Kafka partition was split across tasks in batch "
-                                       f"{batch_id}; check the Kafka source options")
-            p = self.progress
-            if p.batches == 0:
-                p.started = t0  # rates count from the first batch, not from Spark's start-up
-            n = sum(r["rows"] for r in rows)
-            p.batches += 1
-            p.rows += n
-            p.inserted += sum(r["inserted"] for r in rows)
-            p.dead += sum(r["dead"] for r in rows)
-            p.last_batch_s = time.monotonic() - t0
-            if n:
-                p.last_data = time.monotonic()
-            log.info("batch %d: %d records from %d partitions in %.2fs", batch_id, n, len(rows), p.last_batch_s)
+            if self.runtime is None:  # HTTP: each executor task writes its own partition
+                self._account(self._write_on_executors(df, batch_id), batch_id, t0)
+                return
+            # chdb (driver): Spark reads batch N+1 while the background writer delivers batch N. Spark
+            # then commits batches not yet written, which is why such runs resume from the state store.
+            tbl = df.toArrow()
+            self.drain()
+            self.pending = self.writer.submit(self._write_arrow, tbl, batch_id, t0)
+
+    def _account(self, rows: list[dict[str, Any]], batch_id: int, t0: float) -> None:
+        p = self.progress
+        if p.batches == 0:
+            p.started = t0  # rates count from the first batch, not from Spark's start-up
+        n = sum(r["rows"] for r in rows)
+        p.batches += 1
+        p.rows += n
+        p.inserted += sum(r["inserted"] for r in rows)
+        p.dead += sum(r["dead"] for r in rows)
+        p.last_batch_s = time.monotonic() - t0
+        metrics.batch_done(self.cfg.name, rows, p.last_batch_s)
+        if n:
+            p.last_data = time.monotonic()
+        log.info("batch %d: %d records from %d partitions in %.2fs", batch_id, n, len(rows), p.last_batch_s)
 
     def run(self, until_idle: float | None = None, max_seconds: float | None = None) -> int:
         parts = self.preflight()
@@ -243,23 +299,30 @@ class SinkJob:
             reader = reader.option("includeHeaders", "true")
         if self.cfg.batching.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(self.cfg.batching.max_offsets_per_trigger))
-        has_ckpt = checkpoint_exists(spark, self.cfg.checkpoint_location)
+        checkpoint = self.cfg.checkpoint_location
+        if self.runtime is not None:  # pipelined: the state store alone says where to resume
+            checkpoint, has_ckpt = fresh_checkpoint(spark, checkpoint, self.epoch), False
+        else:
+            has_ckpt = checkpoint_exists(spark, checkpoint)
         if not has_ckpt:
             reader = reader.option("startingOffsets", json.dumps(self.starting))
         log.info("sink %s epoch %d: %s; %s", self.cfg.name, self.epoch,
                  "resuming from checkpoint" if has_ckpt else f"starting offsets from the state store {self.starting}",
                  f"writer on {'driver (chdb)' if self.runtime else 'executors'}")
         query = (reader.load().writeStream.foreachBatch(self.handle_batch)
-                 .option("checkpointLocation", self.cfg.checkpoint_location)
+                 .option("checkpointLocation", checkpoint)
                  .trigger(processingTime=self.cfg.batching.trigger_interval).queryName(self.cfg.name).start())
         previous = signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         started = time.monotonic()
         last_print = 0.0
+        lag_seen = -1
         try:
             while query.isActive:
                 query.awaitTermination(1)
                 now = time.monotonic()
-                self._update_lag(query)
+                if self.progress.batches != lag_seen:  # lastProgress is costly (py4j): once per batch
+                    lag_seen = self.progress.batches
+                    self._update_lag(query)
                 if not self.quiet and now - last_print >= self.progress_every:
                     self.print_progress()
                     last_print = now
@@ -269,6 +332,8 @@ class SinkJob:
                         self.stopping.set()
                 if max_seconds is not None and now - started > max_seconds:
                     self.stopping.set()
+                if self.pending is not None and self.pending.done() and self.pending.exception() is not None:
+                    self.stopping.set()  # the background writer failed: stop, and drain() raises it
                 if self.stopping.is_set():
                     with self.in_batch:  # the current batch finishes first
                         query.stop()
@@ -278,6 +343,7 @@ class SinkJob:
                 raise
         finally:
             signal.signal(signal.SIGTERM, previous)
+        self.drain()  # the batch still being written in the background
         if not self.quiet:
             self.print_progress(final=True)
         return 0
@@ -292,8 +358,10 @@ class SinkJob:
         except (TypeError, ValueError):
             return
         if isinstance(latest, dict) and isinstance(end, dict):
-            self.progress.lag = sum(int(off) - int(end.get(t, {}).get(p, off))
-                                    for t, ps in latest.items() for p, off in ps.items())
+            per = {(t, int(p)): max(0, int(off) - int(end.get(t, {}).get(p, off)))
+                   for t, ps in latest.items() for p, off in ps.items()}
+            self.progress.lag = sum(per.values())
+            metrics.lag(self.cfg.name, per)
 
     def print_progress(self, final: bool = False) -> None:
         p = self.progress

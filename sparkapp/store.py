@@ -192,12 +192,19 @@ class StateStore:
 
     def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
         """Records BEFORE over the range: from here on, a crash leads to an identical retry."""
-        self._check_sink_epoch(pk, epoch)
-        self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard)
+        epoch_key = self._epoch_key(pk.sink)
+        rows = {r[0]: r for r in self._select(f"key IN ({_q(pk.key)}, {_q(epoch_key)})")}  # one round trip
+        sink_epoch = int(rows[epoch_key][8]) if epoch_key in rows else 0
+        if sink_epoch > epoch:
+            raise FencedError(f"{pk}: writer epoch {epoch} is stale; sink epoch is now {sink_epoch}")
+        existing = self._state_row(rows[pk.key]) if pk.key in rows else None
+        self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard, existing)
 
     def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
-        """Records AFTER: the range is acknowledged by ClickHouse."""
-        self._transition(pk, rng, Phase.AFTER, epoch, layout, shard)
+        """Records AFTER over the range `begin` recorded (dead-letter fields kept): update, then read back."""
+        self._update(f"phase = 'AFTER', epoch = {epoch}, updated_at = now64(3)",
+                     f"key = {_q(pk.key)} AND epoch <= {epoch} AND min_offset = {rng.min} AND max_offset = {rng.max}")
+        self._read_back(pk, rng, Phase.AFTER, epoch, layout)
 
     def check_fence(self, pk: PartitionKey, epoch: int) -> StateRow | None:
         """Raises FencedError when a newer epoch owns the partition; called right before inserting."""
@@ -249,9 +256,9 @@ class StateStore:
     # ---- internals ----------------------------------------------------------------------------
 
     def _transition(
-        self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int, shard: int
+        self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int, shard: int,
+        existing: StateRow | None,
     ) -> None:
-        existing = self.get(pk)
         if existing is not None and existing.state.epoch > epoch:
             raise FencedError(f"{pk}: writer epoch {epoch} is stale; partition owned by epoch {existing.state.epoch}")
         same = existing is not None and existing.state.range == rng
@@ -266,7 +273,7 @@ class StateStore:
             except Exception as e:
                 if not _is_node_exists(e):
                     raise
-                return self._transition(pk, rng, phase, epoch, layout, shard)  # raced: re-check the fence
+                return self._transition(pk, rng, phase, epoch, layout, shard, self.get(pk))  # raced: re-check
         else:
             self._update(
                 f"phase = '{phase.value}', min_offset = {rng.min}, max_offset = {rng.max}, epoch = {epoch}, "
@@ -274,11 +281,13 @@ class StateStore:
                 "updated_at = now64(3)",
                 f"key = {_q(pk.key)} AND epoch <= {epoch}",
             )
+        return self._read_back(pk, rng, phase, epoch, layout)
+
+    def _read_back(self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int) -> None:
         after = self.get(pk)
         if after is None or after.state != StoredState(rng, phase, epoch, layout):
             owner = after.state.epoch if after else "nobody (row deleted)"
             raise FencedError(f"{pk}: transition to {phase.value} {rng} by epoch {epoch} lost to epoch {owner}")
-        return None
 
     def _epoch_key(self, sink: str) -> str:
         return f"{_esc(sink)}/__epoch__"

@@ -65,6 +65,7 @@ class PartitionResult:
     pk: PartitionKey
     case: Case
     inserted_rows: int = 0
+    inserts: int = 0
     dead_lettered: int = 0
     skipped: int = 0
     retried: OffsetRange | None = None
@@ -236,6 +237,7 @@ def _send(ctx: WriterContext, pk: PartitionKey, blocks: Sequence[Block | LineBlo
         else:
             ctx.inserter.insert(block)
         result.inserted_rows += block.rows
+        result.inserts += 1
         ctx.fault("after_block")
 
 

@@ -1,0 +1,25 @@
+"""`python -m bench --quick`: only that the harness works end to end (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.testbed.process import REPO
+
+
+def test_bench_quick_writes_json_and_chart(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-quick.json"))
+    data = json.loads(out.read_text())
+    for key in ("rows_per_s_per_core", "ratio_c_d", "ratio_c_min_ab", "ratio_c_a", "ratio_c_b"):
+        assert data[key] > 0
+    for k in ("a", "b", "c", "d"):
+        assert data[k]["rows_per_s"] > 0
+    assert data["c"]["rows"] == data["d"]["rows"] == data["events"]
+    assert data["c"]["peak_rss"]["driver_jvm_mb"] > 0 and data["c"]["peak_rss"]["driver_python_mb"] > 0
+    assert data["c"]["batch_p99_s"] >= data["c"]["batch_p50_s"] > 0
+    assert out.with_suffix(".png").stat().st_size > 10_000
