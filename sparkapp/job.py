@@ -124,8 +124,12 @@ def table_messages(tbl: Any) -> list[Message]:
 def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[Any]:
     """One partition's slice through the fast path (a `line` column) or the decoding path."""
     if "line" in sub.column_names and rt.line_columns(topic) is not None:
-        batch = LineBatch(sub.column("offset").to_pylist(), sub.column("line").combine_chunks(),
-                          lambda: table_messages(sub))
+        import pyarrow.compute as pc
+
+        offsets = sub.column("offset").to_pylist()
+        lines = sub.column("line").combine_chunks()
+        odd = sub.filter(pc.is_null(lines))  # only these rows carry their values from the JVM
+        batch = LineBatch(offsets, lines, lambda: rt.reread(topic, part, offsets), lambda: table_messages(odd))
         return rt.process_lines(topic, part, batch)
     return rt.process(topic, part, table_messages(sub))
 
@@ -263,7 +267,12 @@ class SinkJob:
             cols = ["topic", "partition", "offset", "key", "value", "timestamp"]
             if self.cfg.clickhouse.table_header:
                 cols.append("headers")
-            df = batch_df.selectExpr(*cols, *([f"{self.line_expr} AS line"] if self.line_expr else []))
+            df = batch_df.selectExpr(*cols)
+            if self.line_expr:  # values cross to Python only for records without a line
+                df = df.selectExpr(*[c for c in cols if c not in ("key", "value")], f"{self.line_expr} AS line",
+                                   "key", "value").selectExpr(
+                    *[c for c in cols if c not in ("key", "value")], "line",
+                    "IF(line IS NULL, key, NULL) AS key", "IF(line IS NULL, value, NULL) AS value")
             if self.runtime is None:  # HTTP: each executor task writes its own partition
                 self._account(self._write_on_executors(df, batch_id), batch_id, t0)
                 return

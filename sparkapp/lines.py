@@ -18,31 +18,38 @@ from .decode import Message
 from .schema import METADATA_COLUMNS, TableSchema
 from .state_machine import OffsetRange
 
-_META_SQL = {
-    "_topic": "topic",
-    "_partition": "partition",
-    "_offset": "offset",
-    "_timestamp": "date_format(timestamp, \"yyyy-MM-dd'T'HH:mm:ss.SSS'Z'\")",
-    "_key": "cast(key AS string)",
-}
-
 
 def line_sql(schema_columns: Sequence[str], max_bytes: int) -> str:
     """Spark SQL for one JSONEachRow line per record (NULL when the value is not a JSON object).
 
-    Metadata goes first, as JSON built by `to_json` (escaped; a null key is omitted, so the column
-    takes its default); the record's own fields follow. Needs spark.sql.session.timeZone=UTC.
+    Metadata goes first: topic names need no JSON escaping (Kafka allows [a-zA-Z0-9._-] only), the key
+    is escaped by `to_json`, and a null key is left out so that the column takes its default (NULL, or
+    '' when not Nullable, as the decoder does); the record's own fields follow. Needs
+    spark.sql.session.timeZone=UTC. Kept cheap: it runs for every record.
     """
-    meta = [c for c in METADATA_COLUMNS if c in schema_columns]
     v = "trim(BOTH ' \\t\\r\\n' FROM cast(value AS string))"
     obj = f"length(value) <= {int(max_bytes)} AND {v} LIKE '{{%}}'"
-    if not meta:
+    parts = []  # each with its leading comma
+    for c in METADATA_COLUMNS:
+        if c not in schema_columns:
+            continue
+        if c == "_topic":
+            parts.append("',\"_topic\":\"', topic, '\"'")
+        elif c in ("_partition", "_offset"):
+            parts.append(f"',\"{c}\":', {c[1:]}")
+        elif c == "_timestamp":
+            parts.append("',\"_timestamp\":\"', date_format(timestamp, \"yyyy-MM-dd'T'HH:mm:ss.SSS'Z'\"), '\"'")
+        else:  # `{"_key":"..."}` -> `,"_key":"..."`
+            parts.append("CASE WHEN key IS NULL THEN '' ELSE concat(',', substr(to_json(named_struct('_key', "
+                         "cast(key AS string))), 2, length(to_json(named_struct('_key', cast(key AS string)))) - 2)) "
+                         "END")
+    if not parts:
         return f"CASE WHEN {obj} THEN concat({v}, '\\n') END"
-    struct = ", ".join(f"'{c}', {_META_SQL[c]}" for c in meta)
-    head = f"substr(to_json(named_struct({struct})), 1, length(to_json(named_struct({struct}))) - 1)"
+    meta = f"concat({', '.join(parts)})"
     empty = f"{v} RLIKE '^\\\\{{\\\\s*\\\\}}$'"
-    return (f"CASE WHEN {obj} THEN concat({head}, CASE WHEN {empty} THEN '}}' "
-            f"ELSE concat(',', substr({v}, 2)) END, '\\n') END")
+    rest = f"CASE WHEN {empty} THEN '}}' ELSE concat(',', substr({v}, 2)) END"
+    return (f"CASE WHEN NOT ({obj}) THEN NULL WHEN {meta} = '' THEN concat({v}, '\\n') "
+            f"ELSE concat('{{', substr({meta}, 2), {rest}, '\\n') END")
 
 
 def eligible(schema: TableSchema, fmt: str, routed: bool) -> bool:
@@ -80,12 +87,36 @@ def window_slices(offsets: Any, windows: Sequence[OffsetRange]) -> list[tuple[Of
 
 @dataclass
 class LineBatch:
-    """One partition's batch on the fast path: sorted offsets, their lines, and the messages on demand."""
+    """One partition's batch on the fast path: sorted offsets, their lines, and messages on demand.
+
+    Values travel from the JVM only for records without a line (`odd`); `messages` may re-read the
+    batch from Kafka when the decoding path needs all of them.
+    """
 
     offsets: list[int]
     lines: Any  # pyarrow string array aligned with offsets; null where the value is not a JSON object
     messages: Callable[[], list[Message]]
+    odd: Callable[[], list[Message]]  # the records without a line, values included
 
     @property
     def complete(self) -> bool:
         return int(self.lines.null_count) == 0
+
+    def windows(self, rng: OffsetRange, block_offsets: int) -> list[tuple[OffsetRange, tuple[int, ...], Any]]:
+        """(window, offsets, lines) of the range's windows that hold lines; records without one left out."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        from .blocks import cut_windows
+
+        out = []
+        for w, i, j in window_slices(self.offsets, cut_windows(rng, block_offsets)):
+            lines = self.lines.slice(i, j - i)
+            offsets = self.offsets[i:j]
+            if lines.null_count:
+                keep = pc.is_valid(lines)
+                lines = lines.filter(keep)
+                offsets = list(np.asarray(offsets)[keep.to_numpy(zero_copy_only=False)])
+            if len(lines):
+                out.append((w, tuple(int(o) for o in offsets), lines))
+        return out

@@ -220,12 +220,17 @@ class StateStore:
         if sink_epoch > epoch:
             raise FencedError(f"{pk}: writer epoch {epoch} is stale; sink epoch is now {sink_epoch}")
 
-    def mark_dlq_sending(self, pk: PartitionKey, epoch: int, mark: str) -> StateRow:
-        """Records the DLQ's end positions before producing; the first mark of a range wins."""
-        self._update(f"dlq = 'SENDING', dlq_mark = {_q(mark)}, updated_at = now64(3)",
-                     f"key = {_q(pk.key)} AND epoch <= {epoch} AND dlq = 'NONE'")
+    def mark_dlq_sending(self, pk: PartitionKey, epoch: int, mark: str | None) -> StateRow:
+        """Records the DLQ's end positions before the range's first send (NONE -> SENDING); a later send
+        of the same range (mark None: DONE -> SENDING) keeps the first mark, so a read-back sees all."""
+        if mark is None:
+            self._update("dlq = 'SENDING', updated_at = now64(3)",
+                         f"key = {_q(pk.key)} AND epoch <= {epoch} AND dlq = 'DONE'")
+        else:
+            self._update(f"dlq = 'SENDING', dlq_mark = {_q(mark)}, updated_at = now64(3)",
+                         f"key = {_q(pk.key)} AND epoch <= {epoch} AND dlq = 'NONE'")
         row = self.check_fence(pk, epoch)
-        if row is None or row.dlq is DlqPhase.NONE:
+        if row is None or row.dlq is not DlqPhase.SENDING:
             raise FencedError(f"{pk}: could not record the dead-letter mark (row gone or taken over)")
         return row
 

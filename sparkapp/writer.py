@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .blocks import Block, LineBlock, build_blocks, cut_windows, dedup_token
+from .blocks import Block, LineBlock, build_blocks, dedup_token
 from .decode import DeadLetter, Message, decode_batch
 from .insert import Inserter, InsertError, is_transient
-from .lines import LineBatch, payload, window_slices
+from .lines import LineBatch, payload
 from .state_machine import Case, MissingPolicy, OffsetRange, Plan, plan_batch
 from .store import DlqPhase, FencedError, PartitionKey, StateRow, StateStore
 
@@ -111,11 +111,11 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
     for rng in plan.dead_letter:  # seed 000 "contains" in BEFORE: cannot be re-sent identically
         note = "; ".join(plan.notes) or f"stored BEFORE range not reproducible ({rng})"
         unsure = [DeadLetter(m, note) for m in msgs if m.offset in rng]
-        _dead_letter(ctx, pk, unsure, row, trust_done=False)  # DONE may cover only the range's bad records
+        _dead_letter(ctx, pk, unsure)
         result.dead_lettered += len(unsure)
     for rng, retry in _ranges(plan):
         _begin(ctx, pk, rng)
-        _deliver_decoded(ctx, pk, rng, retry, row, rows, dead, result)
+        _deliver_decoded(ctx, pk, rng, retry, rows, dead, result)
         _commit(ctx, pk, rng, retry, result)
     return result
 
@@ -123,13 +123,19 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
 def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> PartitionResult:
     """The fast path of write_partition: same plan, windows and tokens, but ClickHouse parses the records.
 
-    Anything unusual (a value that is not a JSON object, a stored range to re-read, a window that
-    ClickHouse rejects) takes the decoding path, decided only by the records, so a retry decides alike.
+    Records that are not JSON objects are decoded in Python (they come as dead letters with the
+    decoder's reason); anything else unusual (a stored range to re-read, a window ClickHouse rejects)
+    takes the decoding path. Every choice depends only on the records, so a retry chooses alike.
     """
-    if not batch.complete or not batch.offsets:
-        return write_partition(ctx, pk, batch.messages())
+    if not batch.offsets:
+        return write_partition(ctx, pk, [])
+    known_dead: list[DeadLetter] = []
+    if not batch.complete:
+        rows_odd, known_dead = decode_batch(ctx.decode, batch.odd())
+        if rows_odd:  # the decoder takes a record the fast path would not: decode the whole batch
+            return write_partition(ctx, pk, batch.messages())
     if not ctx.exactly_once:
-        return _write_plain(ctx, pk, None, batch)
+        return _write_plain(ctx, pk, None, batch, known_dead)
     row = _load(ctx, pk)
     final_policy = MissingPolicy.DEAD_LETTER if ctx.dlq else MissingPolicy.ERROR
     plan = plan_batch(str(pk), row.state if row else None, batch.offsets,
@@ -139,10 +145,12 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
     result = PartitionResult(pk, plan.case, skipped=_skipped(plan, batch.offsets))
     for rng, retry in _ranges(plan):
         _begin(ctx, pk, rng)
+        dead_in = [d for d in known_dead if d.message.offset in rng]
+        _dead_letter(ctx, pk, dead_in)
+        result.dead_lettered += len(dead_in)
         ctx.store.check_fence(pk, ctx.epoch)
-        for w, i, j in window_slices(batch.offsets, cut_windows(rng, ctx.block_offsets)):
-            lines = batch.lines.slice(i, j - i)
-            block = LineBlock(w, _token(ctx, pk, w), payload(lines), tuple(batch.offsets[i:j]), lines, ctx.shard)
+        for w, offsets, lines in batch.windows(rng, ctx.block_offsets):
+            block = LineBlock(w, _token(ctx, pk, w), payload(lines), offsets, lines, ctx.shard)
             try:
                 _send(ctx, pk, [block], retry, result)
             except InsertError as e:
@@ -152,25 +160,28 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
                             pk, w, str(e.__cause__ or e).splitlines()[0][:300])
                 msgs = [m for m in _ordered(batch.messages()) if w.min <= m.offset <= rng.max]
                 rows, dead = decode_batch(ctx.decode, msgs)
-                _deliver_decoded(ctx, pk, rng, retry, row, rows, dead, result, since=w.min)
+                _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, since=w.min)
+                result.dead_lettered -= sum(1 for d in dead_in if d.message.offset >= w.min)  # counted twice
                 break
         _commit(ctx, pk, rng, retry, result)
     return result
 
 
 def _write_plain(ctx: WriterContext, pk: PartitionKey, msgs: list[Message] | None,
-                 batch: LineBatch | None = None) -> PartitionResult:
+                 batch: LineBatch | None = None, known_dead: Sequence[DeadLetter] = ()) -> PartitionResult:
     """At-least-once, for comparison only: no state transitions, no tokens, no recovery."""
     result = PartitionResult(pk, Case.NEW)
     if batch is not None:
+        _send_plain_dead(ctx, pk, list(known_dead))
+        result.dead_lettered = len(known_dead)
         rng = OffsetRange(batch.offsets[0], batch.offsets[-1])
-        for w, i, j in window_slices(batch.offsets, cut_windows(rng, ctx.block_offsets)):
-            lines = batch.lines.slice(i, j - i)
+        for w, offsets, lines in batch.windows(rng, ctx.block_offsets):
             try:
-                ctx.inserter.insert(LineBlock(w, "", payload(lines), tuple(batch.offsets[i:j]), lines))
-                result.inserted_rows += j - i
+                ctx.inserter.insert(LineBlock(w, "", payload(lines), offsets, lines))
+                result.inserted_rows += len(offsets)
             except InsertError:
-                rest = [m for m in _ordered(batch.messages()) if m.offset >= w.min]
+                rest = [m for m in _ordered(batch.messages()) if m.offset >= w.min
+                        and m.offset not in {d.message.offset for d in known_dead}]
                 done = _write_plain(ctx, pk, rest)
                 result.inserted_rows += done.inserted_rows
                 result.dead_lettered += done.dead_lettered
@@ -215,13 +226,13 @@ def _commit(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool,
         result.retried = rng
 
 
-def _deliver_decoded(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool, row: StateRow | None,
+def _deliver_decoded(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool,
                      rows: Sequence[tuple[int, Sequence[Any]]], dead: Sequence[DeadLetter], result: PartitionResult,
                      since: int | None = None) -> None:
     """Dead letters, then decoded blocks, of `rng` (from offset `since` on, when the windows below are sent)."""
     lo = rng.min if since is None else since
     dead_in = [d for d in dead if lo <= d.message.offset <= rng.max]
-    _dead_letter(ctx, pk, dead_in, row if retry else None, trust_done=True)
+    _dead_letter(ctx, pk, dead_in)
     result.dead_lettered += len(dead_in)
     blocks = build_blocks(rng, [r for r in rows if lo <= r[0] <= rng.max], ctx.inserter.schema.names,
                           ctx.block_offsets, lambda w: _token(ctx, pk, w), ctx.shard)
@@ -247,11 +258,12 @@ def _ordered(messages: Sequence[Message]) -> list[Message]:
     return [by_offset[o] for o in sorted(by_offset)]
 
 
-def _dead_letter(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter], row: StateRow | None,
-                 trust_done: bool) -> None:
-    """Produces dead letters exactly once per range: marked SENDING first, read back on a retry, then DONE.
+def _dead_letter(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> None:
+    """Produces dead letters exactly once per range, however many sends the range takes.
 
-    `row` is the stored row of this same range (None for a fresh range, which `begin` reset to NONE).
+    The first send of a range records the DLQ's end offsets (SENDING) before producing; any later
+    send of the same range, in this attempt or a retry, reads back from that first mark and produces
+    only what is not there yet; DONE follows each send.
     """
     if not dead:
         return
@@ -261,19 +273,19 @@ def _dead_letter(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter], r
             f"{pk}: {len(dead)} record(s) cannot be delivered and no dead-letter topic is configured "
             f"(set dlq.topic to divert them): {first}"
         )
-    phase = row.dlq if row is not None else DlqPhase.NONE
-    if phase is DlqPhase.DONE and trust_done:
-        return
-    if phase is DlqPhase.NONE:
+    row = ctx.store.check_fence(pk, ctx.epoch)
+    if row is None:
+        raise FencedError(f"{pk}: state row vanished before dead-lettering (topic removed from the sink?)")
+    if row.dlq is DlqPhase.NONE:
         ctx.store.mark_dlq_sending(pk, ctx.epoch, ctx.dlq.mark())
         ctx.fault("after_dlq_mark")
-    else:  # an earlier attempt may have produced some or all of them: send only what is not there
-        assert row is not None
+    else:  # something of this range went out already: send only what is not there
+        if row.dlq is DlqPhase.DONE:
+            ctx.store.mark_dlq_sending(pk, ctx.epoch, None)
         there = ctx.dlq.sent_since(row.dlq_mark, pk.sink)
         dead = [d for d in dead if (d.message.topic, d.message.partition, d.message.offset) not in there]
         log.info("%s: %d dead letter(s) of this range still to produce after reading back the DLQ", pk, len(dead))
     if dead:
-        ctx.store.check_fence(pk, ctx.epoch)
         ctx.dlq.send(pk.sink, dead)
     ctx.fault("after_dlq_send")
     ctx.store.mark_dlq_done(pk, ctx.epoch)

@@ -77,3 +77,12 @@ def reference_lines(messages: list[Message], columns: tuple[str, ...], max_bytes
         rest = "}" if v[1:-1].strip() == "" else "," + v[1:]
         out.append(head + rest + "\n")
     return pa.array(out, pa.string())
+
+
+def line_batch(messages: list[Message], columns: tuple[str, ...]):
+    """A fast-path LineBatch of messages, with lines as the JVM would build them."""
+    from sparkapp.lines import LineBatch
+
+    lines = reference_lines(messages, columns)
+    odd = [m for m, line in zip(messages, lines.to_pylist(), strict=True) if line is None]
+    return LineBatch([m.offset for m in messages], lines, lambda: list(messages), lambda: odd)

@@ -13,12 +13,12 @@ import pytest
 from sparkapp.decode import DecoderSpec, Format, Message, make_decoder
 from sparkapp.dlq import HEADER_OFFSET, HEADER_REASON, KafkaDeadLetterSink
 from sparkapp.insert import Inserter
-from sparkapp.lines import LineBatch, line_sql, payload
+from sparkapp.lines import line_sql, payload
 from sparkapp.schema import load_schema
 from sparkapp.store import Engine, PartitionKey, StateStore
 from sparkapp.writer import WriterContext, write_lines, write_partition
 
-from .helpers import read_dlq, reference_lines
+from .helpers import line_batch, read_dlq, reference_lines
 
 COLUMNS = ("id UInt64, ts DateTime64(3), user LowCardinality(String), amount Decimal(18, 4), "
            "score Nullable(Float64), tags Array(String), attrs Map(String, String), note String, "
@@ -64,8 +64,7 @@ def test_clickhouse_parsing_lands_the_same_rows_as_the_python_decoder(ch_db):
     msgs = messages(300)
     fast, slow = make_ctx(client, db, "fast", sink="fast"), make_ctx(client, db, "slow", sink="slow")
     schema = fast.inserter.schema
-    r = write_lines(fast, PartitionKey("fast", "src", 0), LineBatch([m.offset for m in msgs],
-                                                                    reference_lines(msgs, schema.names), lambda: msgs))
+    r = write_lines(fast, PartitionKey("fast", "src", 0), line_batch(msgs, schema.names))
     assert fast.inserter.inserts == 8 and r.inserted_rows == 300 and r.dead_lettered == 0  # 300 offsets / 40
     write_partition(slow, PartitionKey("slow", "src", 0), msgs)
     assert rows(client, "fast") == rows(client, "slow")
@@ -89,21 +88,23 @@ def test_jvm_lines_equal_the_reference(spark, ch_db):
     assert got.column("line").to_pylist() == reference_lines(msgs, names).to_pylist()
 
 
-def test_a_window_clickhouse_rejects_takes_the_decoder_and_dead_letters_only_the_bad_record(ch_db, kafka, topic):
+def test_bad_records_are_dead_lettered_once_with_the_decoders_reason_and_the_rest_lands(ch_db, kafka, topic):
     client, db = ch_db
     client.command(f"CREATE TABLE mixed ({COLUMNS}) ENGINE = MergeTree ORDER BY _offset")
     dlq_topic = topic(1)
     ctx = make_ctx(client, db, "mixed", KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap}))
     msgs = messages(120)
-    bad = {150: b'{"id": "not a number"}', 199: b'{"id": 1, "ts": "yesterday"}'}
+    bad = {105: b"{broken", 110: b"[1, 2]",  # no line: decoded in Python, dead-lettered up front
+           150: b'{"id": "not a number"}', 199: b'{"id": 1, "ts": "yesterday"}'}  # ClickHouse rejects
     msgs = [Message(m.topic, 0, m.offset, bad.get(m.offset, m.value), m.key, m.timestamp_ms) for m in msgs]
-    r = write_lines(ctx, PartitionKey("lines", "src", 0),
-                    LineBatch([m.offset for m in msgs], reference_lines(msgs, ctx.inserter.schema.names), lambda: msgs))
-    assert (r.inserted_rows, r.dead_lettered) == (118, 2)
-    assert client.query("SELECT count(), uniqExact(_offset) FROM mixed").result_rows == [(118, 118)]
-    dead = read_dlq(kafka.bootstrap, dlq_topic, 2)
+    r = write_lines(ctx, PartitionKey("lines", "src", 0), line_batch(msgs, ctx.inserter.schema.names))
+    assert (r.inserted_rows, r.dead_lettered) == (116, 4)
+    assert client.query("SELECT count(), uniqExact(_offset) FROM mixed").result_rows == [(116, 116)]
+    dead = read_dlq(kafka.bootstrap, dlq_topic, 4)
     reasons = {int(dict(m.headers())[HEADER_OFFSET]): dict(m.headers())[HEADER_REASON].decode() for m in dead}
-    assert set(reasons) == {150, 199} and "column `id`" in reasons[150] and "column `ts`" in reasons[199]
+    assert len(dead) == 4, "each dead letter exactly once, though the range took two sends"
+    assert set(reasons) == {105, 110, 150, 199} and "column `id`" in reasons[150] and "column `ts`" in reasons[199]
+    assert "malformed JSON" in reasons[105]
     assert ctx.inserter.inserts == 3  # window [100,139] on the fast path, then the 2 others decoded
 
 

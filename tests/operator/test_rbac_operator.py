@@ -3,14 +3,13 @@ and does its whole job there: proof that the chart's least-privilege rules are a
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import yaml
 
 from tests.packaging.test_chart import NS, template
 from tests.testbed.process import REPO
 
+from .conftest import kopf_runner
 from .test_operator import wait_for
 
 WATCHED = "rbac-data"
@@ -18,8 +17,6 @@ WATCHED = "rbac-data"
 
 @pytest.fixture(scope="module")
 def operator_as_chart_sa(chsink_crds, ch_factory, tmp_path_factory):
-    from kopf.testing import KopfRunner
-
     kube = chsink_crds
     for ns in (NS, WATCHED):
         kube.kubectl("create", "namespace", ns, check=False)
@@ -30,20 +27,9 @@ def operator_as_chart_sa(chsink_crds, ch_factory, tmp_path_factory):
     kubeconfig = tmp_path_factory.mktemp("sa") / "kubeconfig"
     kubeconfig.write_text(kube.api.kubeconfig_text(token, "rbac-chsink"))
     ch_factory()
-    old = {k: os.environ.get(k) for k in ("KUBECONFIG", "CHSINK_STATUS_INTERVAL")}
-    os.environ.update(KUBECONFIG=str(kubeconfig), CHSINK_STATUS_INTERVAL="2")
-    try:
-        with KopfRunner(["run", "--standalone", f"--namespace={WATCHED}", "-m", "sinkoperator.handlers"],
-                        timeout=120) as runner:
-            kube.runner = runner
-            yield kube
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    assert runner.exception is None or isinstance(runner.exception, SystemExit), runner.output[-3000:]
+    with kopf_runner(kubeconfig, WATCHED) as runner:
+        kube.runner = runner
+        yield kube
     assert "403" not in runner.output and "Forbidden" not in runner.output, runner.output[-3000:]
 
 
