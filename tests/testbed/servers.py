@@ -118,7 +118,7 @@ class Kafka(ManagedProcess):
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         fmt = subprocess.run(
             [_java(), "-cp", self._classpath(), f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.yaml'}",
-             "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+             "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)],  # may start with "-"
             capture_output=True, text=True, timeout=120,
         )
         if fmt.returncode != 0:
