@@ -124,6 +124,10 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
     code = proc.wait(3600)
     sampler.done.set()
     text = log.read_text(errors="replace")
+    keep = Path(os.environ.get("CHSINK_BENCH_LOGS", "")) if os.environ.get("CHSINK_BENCH_LOGS") else None
+    if keep:
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(log, keep / f"{work.name}.log")
     if code != 0:
         raise RuntimeError(f"job failed ({code}):\n{text[-3000:]}")
     batches = []

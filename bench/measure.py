@@ -15,7 +15,10 @@ def spark_source(bootstrap: str, topic: str, jars: str) -> dict[str, float]:
     spark = (SparkSession.builder.master("local[2]").config("spark.jars", jars)
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    reader = spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+    from sparkapp.config import SOURCE_FETCH_DEFAULTS  # the job's own source settings: a fair comparison
+
+    reader = (spark.read.format("kafka").options(**SOURCE_FETCH_DEFAULTS)
+              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic))
     reader.load().limit(1000).selectExpr("sum(length(value))").collect()  # warm-up: JIT, metadata
     t0 = time.monotonic()
     [[rows, size]] = reader.load().selectExpr("count(*)", "sum(length(value))").collect()

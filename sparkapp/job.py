@@ -27,7 +27,7 @@ from .config import ConfigError, SinkConfig
 from .decode import Message
 from .dlq import KafkaDeadLetterSink
 from .kafka_io import topic_partitions
-from .lines import LineBatch, eligible, line_sql
+from .lines import LineBatch, build_lines
 from .runtime import Runtime, starting_offsets, state_store
 from .schema import load_schema
 from .store import FencedError
@@ -122,14 +122,15 @@ def table_messages(tbl: Any) -> list[Message]:
 
 
 def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[Any]:
-    """One partition's slice through the fast path (a `line` column) or the decoding path."""
-    if "line" in sub.column_names and rt.line_columns(topic) is not None:
+    """One partition's slice through the fast path (ClickHouse parses JSON lines) or the decoding path."""
+    columns = rt.line_columns(topic)
+    if columns is not None:
         import pyarrow.compute as pc
 
+        lines = build_lines(sub, columns, rt.cfg.format.max_message_bytes)
         offsets = sub.column("offset").to_pylist()
-        lines = sub.column("line").combine_chunks()
-        odd = sub.filter(pc.is_null(lines))  # only these rows carry their values from the JVM
-        batch = LineBatch(offsets, lines, lambda: rt.reread(topic, part, offsets), lambda: table_messages(odd))
+        batch = LineBatch(offsets, lines, lambda: table_messages(sub),
+                          lambda: table_messages(sub.filter(pc.is_null(lines))))
         return rt.process_lines(topic, part, batch)
     return rt.process(topic, part, table_messages(sub))
 
@@ -194,7 +195,6 @@ class SinkJob:
         self.writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chsink-writer")
         self.pending: concurrent.futures.Future[None] | None = None
         self.epoch = 0
-        self.line_expr: str | None = None
 
     def preflight(self) -> dict[str, int]:
         """Checks everything a user can get wrong before Spark starts; raises ConfigError."""
@@ -213,7 +213,6 @@ class SinkJob:
                     load_schema(client, ch.database, table)
                 except Exception as e:
                     raise ConfigError(f"clickhouse.tables[{topic!r}]: {e}") from None
-        self.line_expr = self._line_expr(client, parts)
         store = state_store(self.cfg, client)
         store.ensure_schema()
         self.epoch = store.acquire_epoch(self.cfg.name, owner=f"{socket.gethostname()}:{os.getpid()}")
@@ -223,32 +222,23 @@ class SinkJob:
             self.runtime = Runtime(self.cfg, self.epoch, client, store, dlq)
         return parts
 
-    def _line_expr(self, client: Any, parts: dict[str, int]) -> str | None:
-        """The JVM expression of the fast path, when every topic goes to one table that can take it."""
-        ch, fmt = self.cfg.clickhouse, self.cfg.format
-        tables = {ch.table_for(t) for t in parts}
-        if ch.routed or fmt.type != "json" or fmt.parser != "clickhouse" or len(tables) != 1 or None in tables:
-            return None
-        schema = load_schema(client, ch.database, str(next(iter(tables))))
-        if not eligible(schema, fmt.type, ch.routed):
-            return None
-        return line_sql(schema.names, fmt.max_message_bytes)
-
     def drain(self) -> None:
         """Waits for the batch being written in the background; its failure fails the job."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending.result()
 
-    def _write_arrow(self, tbl: Any, batch_id: int, t0: float) -> None:
+    def _write_arrow(self, tbl: Any, batch_id: int, t0: float, read_s: float, wait_s: float) -> None:
         assert self.runtime is not None
+        t1 = time.monotonic()
         try:
             rows = [_result_row(topic, part, sub.num_rows, deliver(self.runtime, topic, part, sub))
                     for topic, part, sub in partition_slices(tbl)]
         except FencedError:
             metrics.FENCED.labels(self.cfg.name).inc()
             raise
-        self._account(rows, batch_id, t0)
+        self._account(rows, batch_id, t0, f" (Spark {read_s:.2f}s, waited {wait_s:.2f}s, wrote "
+                                          f"{time.monotonic() - t1:.2f}s)")
 
     def _write_on_executors(self, df: Any, batch_id: int) -> list[dict[str, Any]]:
         fn = _executor_fn(self.cfg.model_dump_json(by_alias=True), self.epoch)
@@ -268,21 +258,17 @@ class SinkJob:
             if self.cfg.clickhouse.table_header:
                 cols.append("headers")
             df = batch_df.selectExpr(*cols)
-            if self.line_expr:  # values cross to Python only for records without a line
-                df = df.selectExpr(*[c for c in cols if c not in ("key", "value")], f"{self.line_expr} AS line",
-                                   "key", "value").selectExpr(
-                    *[c for c in cols if c not in ("key", "value")], "line",
-                    "IF(line IS NULL, key, NULL) AS key", "IF(line IS NULL, value, NULL) AS value")
             if self.runtime is None:  # HTTP: each executor task writes its own partition
                 self._account(self._write_on_executors(df, batch_id), batch_id, t0)
                 return
             # chdb (driver): Spark reads batch N+1 while the background writer delivers batch N. Spark
             # then commits batches not yet written, which is why such runs resume from the state store.
             tbl = df.toArrow()
+            t1 = time.monotonic()
             self.drain()
-            self.pending = self.writer.submit(self._write_arrow, tbl, batch_id, t0)
+            self.pending = self.writer.submit(self._write_arrow, tbl, batch_id, t0, t1 - t0, time.monotonic() - t1)
 
-    def _account(self, rows: list[dict[str, Any]], batch_id: int, t0: float) -> None:
+    def _account(self, rows: list[dict[str, Any]], batch_id: int, t0: float, detail: str = "") -> None:
         p = self.progress
         if p.batches == 0:
             p.started = t0  # rates count from the first batch, not from Spark's start-up
@@ -295,13 +281,14 @@ class SinkJob:
         metrics.batch_done(self.cfg.name, rows, p.last_batch_s)
         if n:
             p.last_data = time.monotonic()
-        log.info("batch %d: %d records from %d partitions in %.2fs", batch_id, n, len(rows), p.last_batch_s)
+        log.info("batch %d: %d records from %d partitions in %.2fs%s", batch_id, n, len(rows), p.last_batch_s,
+                 detail)
 
     def run(self, until_idle: float | None = None, max_seconds: float | None = None) -> int:
         parts = self.preflight()
         spark = build_session(self.cfg)
         k = self.cfg.kafka
-        reader = spark.readStream.format("kafka").options(**k.spark_options()).options(**k.source_options)
+        reader = spark.readStream.format("kafka").options(**k.spark_options())
         reader = reader.option("subscribePattern", k.topic_pattern) if k.topic_pattern else \
             reader.option("subscribe", ",".join(parts))
         if self.cfg.clickhouse.table_header:

@@ -1,11 +1,12 @@
 """The fast path for JSON: ClickHouse parses the records itself (JSONEachRow), Python never touches a row.
 
-The JVM turns each Kafka record whose value is a JSON object into one JSONEachRow line with the
-table's metadata columns (`_topic`, `_partition`, `_offset`, `_timestamp`, `_key`) spliced in, and
-the driver or executor hands contiguous slices of that Arrow string column to ClickHouse as INSERT
-payloads, zero-copy. Windows and tokens are the same as on the decoding path, so the exactly-once
-protocol does not change. A window that ClickHouse rejects (a record it cannot parse or fit) falls
-back, deterministically, to the Python decoder, which names each bad record and dead-letters it.
+Each Kafka record whose value is a JSON object becomes one JSONEachRow line with the table's
+metadata columns (`_topic`, `_partition`, `_offset`, `_timestamp`, `_key`) spliced in, built with
+vectorized Arrow compute from the Arrow batch Spark hands over, and contiguous slices of those lines
+go to ClickHouse as INSERT payloads, zero-copy. Windows and tokens are the same as on the decoding
+path, so the exactly-once protocol does not change. A window that ClickHouse rejects (a record it
+cannot parse or fit) falls back, deterministically, to the Python decoder, which names each bad
+record and dead-letters it.
 """
 
 from __future__ import annotations
@@ -15,41 +16,64 @@ from dataclasses import dataclass
 from typing import Any
 
 from .decode import Message
-from .schema import METADATA_COLUMNS, TableSchema
+from .schema import TableSchema
 from .state_machine import OffsetRange
 
+_PLAIN_KEY = r"^[ !#-\[\]-~]*$"  # printable ASCII but `"` and `\\`: needs no JSON escaping
 
-def line_sql(schema_columns: Sequence[str], max_bytes: int) -> str:
-    """Spark SQL for one JSONEachRow line per record (NULL when the value is not a JSON object).
 
-    Metadata goes first: topic names need no JSON escaping (Kafka allows [a-zA-Z0-9._-] only), the key
-    is escaped by `to_json`, and a null key is left out so that the column takes its default (NULL, or
-    '' when not Nullable, as the decoder does); the record's own fields follow. Needs
-    spark.sql.session.timeZone=UTC. Kept cheap: it runs for every record.
+def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
+    """One JSONEachRow line per record of a partition's Arrow slice, NULL where the value is not a JSON
+    object (vectorized Arrow compute; a few keys that need JSON escaping go through `json.dumps`).
+
+    Metadata goes first; a null key is left out so that `_key` takes its default (NULL, or '' when not
+    Nullable, as the decoder does); `_timestamp` is epoch seconds with milliseconds; the record's own
+    fields follow.
     """
-    v = "trim(BOTH ' \\t\\r\\n' FROM cast(value AS string))"
-    obj = f"length(value) <= {int(max_bytes)} AND {v} LIKE '{{%}}'"
-    parts = []  # each with its leading comma
-    for c in METADATA_COLUMNS:
-        if c not in schema_columns:
-            continue
-        if c == "_topic":
-            parts.append("',\"_topic\":\"', topic, '\"'")
-        elif c in ("_partition", "_offset"):
-            parts.append(f"',\"{c}\":', {c[1:]}")
-        elif c == "_timestamp":
-            parts.append("',\"_timestamp\":\"', date_format(timestamp, \"yyyy-MM-dd'T'HH:mm:ss.SSS'Z'\"), '\"'")
-        else:  # `{"_key":"..."}` -> `,"_key":"..."`
-            parts.append("CASE WHEN key IS NULL THEN '' ELSE concat(',', substr(to_json(named_struct('_key', "
-                         "cast(key AS string))), 2, length(to_json(named_struct('_key', cast(key AS string)))) - 2)) "
-                         "END")
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    value = tbl.column("value").combine_chunks()
+    text = value.view(pa.string()) if pa.types.is_binary(value.type) else value
+    body = pc.ascii_trim(text, " \t\r\n")
+    ok = pc.fill_null(pc.and_(pc.and_(pc.starts_with(body, "{"), pc.ends_with(body, "}")),
+                              pc.less_equal(pc.binary_length(value), max_bytes)), False)
+    parts: list[Any] = []
+    if "_topic" in schema_columns and tbl.num_rows:
+        parts.append(',"_topic":' + json.dumps(str(tbl.column("topic")[0])))
+    for c in ("_partition", "_offset"):
+        if c in schema_columns:
+            parts += [f',"{c}":', pc.cast(tbl.column(c[1:]), pa.string())]
+    if "_timestamp" in schema_columns:
+        ms = pc.cast(pc.cast(tbl.column("timestamp"), pa.timestamp("ms", "UTC")), pa.int64())
+        secs = pc.divide(ms, 1000)
+        frac = pc.utf8_lpad(pc.cast(pc.subtract(ms, pc.multiply(secs, 1000)), pa.string()), 3, "0")
+        parts += [',"_timestamp":', pc.cast(secs, pa.string()), ".", frac]
+    if "_key" in schema_columns:
+        key = tbl.column("key").combine_chunks()
+        ktext = key.view(pa.string()) if pa.types.is_binary(key.type) else key
+        plain = pc.fill_null(pc.match_substring_regex(ktext, _PLAIN_KEY), True)
+        quoted = pc.binary_join_element_wise(',"_key":"', ktext, '"', "")
+        if not pc.all(plain).as_py():
+            special = {i: ',"_key":' + json.dumps(bytes(k).decode("utf-8", errors="replace"), ensure_ascii=False)
+                       for i, (k, p) in enumerate(zip(key.to_pylist(), plain.to_pylist(), strict=True)) if not p}
+            escaped = pa.array([special.get(i, "") for i in range(len(key))], pa.string())
+            quoted = pc.if_else(plain, quoted, escaped)
+        parts.append(pc.fill_null(quoted, ""))  # a null key: no field at all
     if not parts:
-        return f"CASE WHEN {obj} THEN concat({v}, '\\n') END"
-    meta = f"concat({', '.join(parts)})"
-    empty = f"{v} RLIKE '^\\\\{{\\\\s*\\\\}}$'"
-    rest = f"CASE WHEN {empty} THEN '}}' ELSE concat(',', substr({v}, 2)) END"
-    return (f"CASE WHEN NOT ({obj}) THEN NULL WHEN {meta} = '' THEN concat({v}, '\\n') "
-            f"ELSE concat('{{', substr({meta}, 2), {rest}, '\\n') END")
+        return _array(pc.if_else(ok, pc.binary_join_element_wise(body, "\n", ""), pa.scalar(None, pa.string())))
+    meta = pc.binary_join_element_wise(*parts, "")  # ",a,b,..." (each part carries its leading comma)
+    head = pc.replace_substring(meta, ",", "{", max_replacements=1)  # byte-wise: safe on any bytes
+    empty = pc.fill_null(pc.match_substring_regex(body, r"^\{[ \t\r\n]*\}$"), False)
+    rest = pc.if_else(empty, "}", pc.replace_substring(body, "{", ",", max_replacements=1))
+    line = pc.binary_join_element_wise(head, rest, "\n", "")
+    return _array(pc.if_else(ok, line, pa.scalar(None, pa.string())))
+
+
+def _array(a: Any) -> Any:
+    return a.combine_chunks() if hasattr(a, "combine_chunks") else a
 
 
 def eligible(schema: TableSchema, fmt: str, routed: bool) -> bool:

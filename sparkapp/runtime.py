@@ -133,12 +133,6 @@ class Runtime:
             return None
         return ctx.inserter.schema.names
 
-    def reread(self, topic: str, partition: int, offsets: Sequence[int]) -> list[Message]:
-        """A fast-path batch's messages, re-read from Kafka (their values stayed in the JVM)."""
-        wanted = set(offsets)
-        msgs = read_range(self.cfg.kafka, topic, partition, OffsetRange(min(offsets), max(offsets)))
-        return [m for m in msgs if m.offset in wanted]
-
     def process_lines(self, topic: str, partition: int, batch: LineBatch) -> list[PartitionResult]:
         """The fast path of process(): one table, JSON lines parsed by ClickHouse."""
         table = self.cfg.clickhouse.table_for(topic)

@@ -46,15 +46,17 @@ def read_dlq(bootstrap: str, topic: str, n: int, linger_s: float = 2.0) -> list[
     return out
 
 
-def reference_lines(messages: list[Message], columns: tuple[str, ...], max_bytes: int = 8 << 20):
-    """What `sparkapp.lines.line_sql` computes in the JVM, in Python (for tests without Spark)."""
-    import datetime as dt
+class _Raw(str):
+    """A JSON number written as is."""
 
+
+def reference_lines(messages: list[Message], columns: tuple[str, ...], max_bytes: int = 8 << 20):
+    """What `sparkapp.lines.build_lines` computes, written plainly, one record at a time."""
     import pyarrow as pa
 
     out = []
     for m in messages:
-        v = (m.value or b"").decode("utf-8", errors="surrogateescape").strip() if m.value is not None else None
+        v = (m.value or b"").decode("utf-8", errors="surrogateescape").strip(" \t\r\n") if m.value is not None else None
         if v is None or len(m.value or b"") > max_bytes or not (v.startswith("{") and v.endswith("}")):
             out.append(None)
             continue
@@ -63,8 +65,7 @@ def reference_lines(messages: list[Message], columns: tuple[str, ...], max_bytes
             if c not in columns:
                 continue
             if c == "_timestamp":
-                t = dt.datetime.fromtimestamp(m.timestamp_ms / 1000, tz=dt.UTC)
-                meta[c] = t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+                meta[c] = _Raw(f"{m.timestamp_ms // 1000}.{m.timestamp_ms % 1000:03d}")
             elif c == "_key":
                 if m.key is not None:
                     meta[c] = m.key.decode("utf-8", errors="replace")
@@ -73,16 +74,32 @@ def reference_lines(messages: list[Message], columns: tuple[str, ...], max_bytes
         if not meta:
             out.append(v + "\n")
             continue
-        head = json.dumps(meta, separators=(",", ":"), ensure_ascii=False)[:-1]
-        rest = "}" if v[1:-1].strip() == "" else "," + v[1:]
+        head = "{" + ",".join(f"{json.dumps(k)}:{v if isinstance(v, _Raw) else json.dumps(v, ensure_ascii=False)}"
+                              for k, v in meta.items())
+        rest = "}" if v[1:-1].strip(" \t\r\n") == "" else "," + v[1:]
         out.append(head + rest + "\n")
     return pa.array(out, pa.string())
 
 
-def line_batch(messages: list[Message], columns: tuple[str, ...]):
-    """A fast-path LineBatch of messages, with lines as the JVM would build them."""
-    from sparkapp.lines import LineBatch
+def messages_table(messages: list[Message]):
+    """Messages as the Arrow table Spark's Kafka source hands over."""
+    import datetime as dt
 
-    lines = reference_lines(messages, columns)
+    import pyarrow as pa
+
+    return pa.table({
+        "topic": [m.topic for m in messages], "partition": pa.array([m.partition for m in messages], pa.int32()),
+        "offset": pa.array([m.offset for m in messages], pa.int64()),
+        "key": pa.array([m.key for m in messages], pa.binary()), "value": pa.array([m.value for m in messages], pa.binary()),
+        "timestamp": pa.array([dt.datetime.fromtimestamp(m.timestamp_ms / 1000, dt.UTC) for m in messages],
+                              pa.timestamp("us", "UTC")),
+    })
+
+
+def line_batch(messages: list[Message], columns: tuple[str, ...]):
+    """A fast-path LineBatch of messages, its lines built as the job builds them."""
+    from sparkapp.lines import LineBatch, build_lines
+
+    lines = build_lines(messages_table(messages), columns, 8 << 20)
     odd = [m for m, line in zip(messages, lines.to_pylist(), strict=True) if line is None]
     return LineBatch([m.offset for m in messages], lines, lambda: list(messages), lambda: odd)
