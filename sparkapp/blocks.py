@@ -67,7 +67,7 @@ class LineBlock:
 
     window: OffsetRange
     token: str
-    payload: bytes
+    payload: bytes | memoryview  # a view of the Arrow lines: not copied
     offsets: tuple[int, ...]
     lines: Any = None  # the Arrow slice the payload came from (to cut a partial retry)
     shard: int = 0

@@ -37,7 +37,8 @@ def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
 
     value = tbl.column("value").combine_chunks()
     text = value.view(pa.string()) if pa.types.is_binary(value.type) else value
-    body = pc.ascii_trim(text, " \t\r\n")
+    framed = pc.fill_null(pc.and_(pc.starts_with(text, "{"), pc.ends_with(text, "}")), False)
+    body = text if pc.all(framed).as_py() else pc.ascii_trim(text, " \t\r\n")  # trimming copies: rarely
     ok = pc.fill_null(pc.and_(pc.and_(pc.starts_with(body, "{"), pc.ends_with(body, "}")),
                               pc.less_equal(pc.binary_length(value), max_bytes)), False)
     parts: list[Any] = []
@@ -64,11 +65,15 @@ def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
         parts.append(pc.fill_null(quoted, ""))  # a null key: no field at all
     if not parts:
         return _array(pc.if_else(ok, pc.binary_join_element_wise(body, "\n", ""), pa.scalar(None, pa.string())))
-    meta = pc.binary_join_element_wise(*parts, "")  # ",a,b,..." (each part carries its leading comma)
-    head = pc.replace_substring(meta, ",", "{", max_replacements=1)  # byte-wise: safe on any bytes
-    empty = pc.fill_null(pc.match_substring_regex(body, r"^\{[ \t\r\n]*\}$"), False)
-    rest = pc.if_else(empty, "}", pc.replace_substring(body, "{", ",", max_replacements=1))
-    line = pc.binary_join_element_wise(head, rest, "\n", "")
+    if isinstance(parts[0], str):  # each part carries its leading comma; the first opens the object
+        parts[0] = "{" + parts[0][1:]
+    else:
+        parts = [pc.replace_substring(pc.binary_join_element_wise(*parts, ""), ",", "{", max_replacements=1)]
+    rest = pc.replace_substring(body, "{", ",", max_replacements=1)  # byte-wise: safe on any bytes
+    if pc.any(pc.less(pc.binary_length(body), 16)).as_py():  # an empty object `{ }` closes the metadata
+        empty = pc.fill_null(pc.match_substring_regex(body, r"^\{[ \t\r\n]*\}$"), False)
+        rest = pc.if_else(empty, "}", rest)
+    line = pc.binary_join_element_wise(*parts, rest, "\n", "")  # one pass, one allocation
     return _array(pc.if_else(ok, line, pa.scalar(None, pa.string())))
 
 
@@ -81,19 +86,19 @@ def eligible(schema: TableSchema, fmt: str, routed: bool) -> bool:
     return fmt == "json" and not routed and not any("." in c for c in schema.names)
 
 
-def payload(lines: Any) -> bytes:
-    """The concatenated bytes of an Arrow string array slice (no nulls), copied once."""
+def payload(lines: Any) -> memoryview:
+    """The concatenated bytes of an Arrow string array slice (no nulls), without copying them."""
     import numpy as np
     import pyarrow as pa
 
     if len(lines) == 0:
-        return b""
+        return memoryview(b"")
     if lines.null_count:
         raise ValueError("payload of a slice holding non-object records")
     large = pa.types.is_large_string(lines.type) or pa.types.is_large_binary(lines.type)
     offs = np.frombuffer(lines.buffers()[1], dtype=np.int64 if large else np.int32)
     lo, hi = int(offs[lines.offset]), int(offs[lines.offset + len(lines)])
-    return bytes(memoryview(lines.buffers()[2])[lo:hi])
+    return memoryview(lines.buffers()[2])[lo:hi]
 
 
 def window_slices(offsets: Any, windows: Sequence[OffsetRange]) -> list[tuple[OffsetRange, int, int]]:
