@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 TABLE = """CREATE TABLE IF NOT EXISTS {db}.{table} (
-    id UInt64, ts DateTime64(3, 'UTC'), user_id UInt32, event LowCardinality(String),
+    id UInt64, ts DateTime64(3, 'UTC'), user_id UInt64, event LowCardinality(String),
     country LowCardinality(String), amount Decimal(18, 4), score Nullable(Float64), session String,
     tags Array(String), attrs Map(String, String), referrer Nullable(String), _offset UInt64,
     _topic LowCardinality(String), _partition UInt16

@@ -41,7 +41,7 @@ def raw_insert(path: str, n: int, block: int) -> dict[str, float]:
     client.command("CREATE DATABASE IF NOT EXISTS bench")
     client.command(TABLE.format(db="bench", table="raw"))
     rnd = random.Random(7)
-    schema = pa.schema([("id", pa.uint64()), ("ts", pa.timestamp("ms", "UTC")), ("user_id", pa.uint32()),
+    schema = pa.schema([("id", pa.uint64()), ("ts", pa.timestamp("ms", "UTC")), ("user_id", pa.uint64()),
                         ("event", pa.string()), ("country", pa.string()), ("amount", pa.decimal128(18, 4)),
                         ("score", pa.float64()), ("session", pa.string()), ("tags", pa.list_(pa.string())),
                         ("attrs", pa.map_(pa.string(), pa.string())), ("referrer", pa.string()),

@@ -27,7 +27,7 @@ from tests.testbed.process import REPO
 from tests.testbed.spark import connector_jars
 
 TABLE = """CREATE TABLE IF NOT EXISTS demo.events (
-    event_id UInt64, user_id UInt32, event_type LowCardinality(String), country LowCardinality(String),
+    event_id UInt64, user_id UInt64, event_type LowCardinality(String), country LowCardinality(String),
     amount Nullable(Decimal(12, 2)), ts DateTime64(3, 'UTC'), tags Array(String), props Map(String, String),
     referrer Nullable(String), _topic LowCardinality(String), _partition UInt16, _offset UInt64
 ) ENGINE = MergeTree ORDER BY (_partition, _offset) SETTINGS non_replicated_deduplication_window = 1000"""
@@ -52,7 +52,7 @@ def produce(kafka: Kafka, topic: str, n: int, partitions: int) -> int:
             value = b'{"event_id": ' + str(i).encode() + b', "ts": '  # truncated
             bad += 1
         elif i % 50_000 == 33:
-            value = json.dumps({"event_id": i, "user_id": -5, "event_type": "view", "ts": t0}).encode()  # UInt32 < 0
+            value = json.dumps({"event_id": i, "user_id": -5, "event_type": "view", "ts": t0}).encode()  # UInt64 < 0
             bad += 1
         else:
             kind = TYPES[rnd.randrange(5)]

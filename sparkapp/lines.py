@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .chtypes import CHType
 from .decode import Message
-from .schema import TableSchema
+from .schema import METADATA_COLUMNS, TableSchema
 from .state_machine import OffsetRange
 
 _PLAIN_KEY = r"^[ !#-\[\]-~]*$"  # printable ASCII but `"` and `\\`: needs no JSON escaping
@@ -81,9 +82,26 @@ def _array(a: Any) -> Any:
     return a.combine_chunks() if hasattr(a, "combine_chunks") else a
 
 
+# Types whose JSON parsing in ClickHouse is at least as strict as the decoder's: a value that does not
+# fit raises (and the window takes the decoder). Narrower integers, Date/DateTime, Float32 and JSON are
+# not: ClickHouse wraps 300 into a UInt8 as 44, saturates dates and overflows Float32 to inf, silently.
+_STRICT_IN_CLICKHOUSE = {"Int64", "UInt64", "Int128", "UInt128", "Int256", "UInt256", "Float64", "Bool", "String",
+                         "FixedString", "UUID", "DateTime64", "IPv4", "IPv6", "Enum8", "Enum16", "Decimal",
+                         "Decimal32", "Decimal64", "Decimal128", "Decimal256"}
+_CONTAINERS = {"Nullable", "LowCardinality", "Array", "Map", "Tuple"}
+
+
+def strict_in_clickhouse(t: CHType) -> bool:
+    if t.name in _CONTAINERS:
+        return all(strict_in_clickhouse(a) for a in t.args if isinstance(a, CHType))
+    return t.name in _STRICT_IN_CLICKHOUSE
+
+
 def eligible(schema: TableSchema, fmt: str, routed: bool) -> bool:
-    """JSON into one table per topic, without Nested-flattened (`a.b`) columns."""
-    return fmt == "json" and not routed and not any("." in c for c in schema.names)
+    """JSON into one table per topic, without Nested-flattened (`a.b`) columns, and only columns that
+    ClickHouse parses strictly (the metadata columns are filled by chsink itself, always in range)."""
+    return fmt == "json" and not routed and all(
+        "." not in c.name and (c.name in METADATA_COLUMNS or strict_in_clickhouse(c.type)) for c in schema.columns)
 
 
 def payload(lines: Any) -> memoryview:

@@ -113,3 +113,25 @@ def test_payload_is_the_slice_bytes():
     assert bytes(payload(arr.slice(1, 2))) == b"bc\nd\n" and bytes(payload(arr.slice(0, 0))) == b""
     with pytest.raises(ValueError):
         payload(pa.array(["a", None]))
+
+
+def test_tables_with_types_clickhouse_parses_leniently_stay_on_the_decoder(ch_db):
+    """ClickHouse's JSON parser wraps 300 into a UInt8 (44) without an error: such tables must not take
+    the fast path, or a value would be silently altered instead of dead-lettered."""
+    from sparkapp.chtypes import parse_type
+    from sparkapp.lines import eligible, strict_in_clickhouse
+
+    client, db = ch_db
+    client.command("CREATE TABLE wrap (b UInt8) ENGINE = MergeTree ORDER BY tuple()")
+    client.raw_insert(f"`{db}`.wrap", None, b'{"b": 300}\n', fmt="JSONEachRow")
+    assert client.query("SELECT b FROM wrap").result_rows == [(44,)]  # what the fast path would have done
+    for t, ok in [("UInt64", True), ("Nullable(Decimal(18, 4))", True), ("Array(LowCardinality(String))", True),
+                  ("Map(String, Array(Int64))", True), ("DateTime64(3, 'UTC')", True), ("UInt8", False),
+                  ("Nullable(Int32)", False), ("Array(UInt16)", False), ("DateTime", False), ("Date", False),
+                  ("Float32", False), ("Map(String, UInt32)", False), ("JSON", False)]:
+        assert strict_in_clickhouse(parse_type(t)) is ok, t
+    client.command("CREATE TABLE narrow (id UInt32, _partition UInt16, _offset UInt64) ENGINE = MergeTree ORDER BY id")
+    client.command("CREATE TABLE wide (id UInt64, _partition UInt16, _offset UInt64) ENGINE = MergeTree ORDER BY id")
+    assert not eligible(load_schema(client, db, "narrow"), "json", False)
+    assert eligible(load_schema(client, db, "wide"), "json", False)  # metadata columns are filled by chsink
+    assert not eligible(load_schema(client, db, "wide"), "json", True)
