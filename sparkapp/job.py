@@ -59,6 +59,9 @@ def build_session(cfg: SinkConfig) -> Any:
     return builder.getOrCreate()
 
 
+_SPARK_CHECKPOINT_ENTRIES = {"offsets", "commits", "metadata", "sources", "state", "metadata.crc"}
+
+
 def fresh_checkpoint(spark: Any, location: str, epoch: int) -> str:
     """A new checkpoint directory for this run (`<location>/run-<epoch>`); older runs' are deleted.
 
@@ -69,8 +72,10 @@ def fresh_checkpoint(spark: Any, location: str, epoch: int) -> str:
     base = jvm.org.apache.hadoop.fs.Path(location.rstrip("/"))
     fs = base.getFileSystem(spark._jsc.hadoopConfiguration())
     if fs.exists(base):
-        for st in fs.listStatus(base):
-            fs.delete(st.getPath(), True)  # an older run's, or a checkpoint of a non-pipelined run
+        for st in fs.listStatus(base):  # older runs', or a checkpoint of a non-pipelined run; nothing else
+            name = st.getPath().getName()
+            if name.startswith("run-") or name.lstrip(".") in _SPARK_CHECKPOINT_ENTRIES:
+                fs.delete(st.getPath(), True)
     return f"{location.rstrip('/')}/run-{epoch}"
 
 
