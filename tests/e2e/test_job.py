@@ -153,9 +153,13 @@ def test_verifier_reports_duplicates_gaps_and_rows_outside(tmp_path, kafka, topi
     assert text.returncode == 1 and "ANOMALIES: 1 duplicated, 1 missing, 1 outside" in text.stdout
 
 
-def test_sigterm_finishes_the_batch_and_stops(tmp_path, kafka, topic):
+def test_sigterm_finishes_the_batch_and_stops_and_metrics_are_served(tmp_path, kafka, topic):
     import os
+    import re
     import signal
+    import urllib.request
+
+    from tests.testbed import free_port
 
     src, dlq = topic(2), topic(1)
     sink = SinkHarness(tmp_path, kafka, src, dlq, maxOffsetsPerTrigger=500)
@@ -163,8 +167,14 @@ def test_sigterm_finishes_the_batch_and_stops(tmp_path, kafka, topic):
     for i in range(6000):
         p.produce(src, json.dumps(event(i)).encode(), partition=i % 2)
     p.flush(30)
-    sink.start()
+    port = free_port()
+    sink.start("--metrics-port", str(port))
     assert sink.wait_for_batches(2)
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    name = sink.config["name"]
+    rows_in = float(re.search(rf'chsink_rows_in_total{{sink="{name}"}} (\S+)', metrics).group(1))
+    assert rows_in >= 1000 and f'chsink_batch_duration_seconds_count{{sink="{name}"}}' in metrics
+    assert "chsink_partition_lag{" in metrics and "chsink_inserts_total{" in metrics
     os.kill(sink.proc.pid, signal.SIGTERM)
     assert sink.wait(120) == 0, sink.log_text()[-3000:]
     assert "done:" in sink.log_text()
