@@ -157,6 +157,7 @@ def test_sigterm_finishes_the_batch_and_stops_and_metrics_are_served(tmp_path, k
     import os
     import re
     import signal
+    import time
     import urllib.request
 
     from tests.testbed import free_port
@@ -170,7 +171,12 @@ def test_sigterm_finishes_the_batch_and_stops_and_metrics_are_served(tmp_path, k
     port = free_port()
     sink.start("--metrics-port", str(port))
     assert sink.wait_for_batches(2)
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    deadline = time.monotonic() + 30  # lag is refreshed by the main loop once per batch: it may lag a poll
+    while True:
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        if "chsink_partition_lag{" in metrics or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     name = sink.config["name"]
     rows_in = float(re.search(rf'chsink_rows_in_total{{sink="{name}"}} (\S+)', metrics).group(1))
     assert rows_in >= 1000 and f'chsink_batch_duration_seconds_count{{sink="{name}"}}' in metrics
