@@ -49,7 +49,8 @@ class Inserter:
     """Sends blocks to one ClickHouse endpoint (one shard)."""
 
     def __init__(self, client: Any, schema: TableSchema, settings: dict[str, Any] | None = None,
-                 retries: int = 5, backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep) -> None:
+                 retries: int = 5, backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep,
+                 skip_unknown_fields: bool = True) -> None:
         self.client = client
         self.schema = schema
         self.settings = dict(settings or {})
@@ -62,7 +63,7 @@ class Inserter:
         # ClickHouse's own JSON parser, made strict and deterministic: a record it cannot fit fails the
         # window (which then takes the decoding path) rather than being altered; one thread, one block
         self.line_settings: dict[str, Any] = {
-            "input_format_skip_unknown_fields": 1, "input_format_null_as_default": 0,
+            "input_format_skip_unknown_fields": int(skip_unknown_fields), "input_format_null_as_default": 0,
             "input_format_defaults_for_omitted_fields": 1, "input_format_parallel_parsing": 0,
             "date_time_input_format": "best_effort", "input_format_allow_errors_num": 0,
             "input_format_allow_errors_ratio": 0,

@@ -128,15 +128,15 @@ def table_messages(tbl: Any) -> list[Message]:
 
 def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[Any]:
     """One partition's slice through the fast path (ClickHouse parses JSON lines) or the decoding path."""
-    columns = rt.line_columns(topic)
-    if columns is not None:
+    ctx = rt.fast_context(topic)
+    if ctx is not None:
         import pyarrow.compute as pc
 
-        lines = build_lines(sub, columns, rt.cfg.format.max_message_bytes)
+        lines = build_lines(sub, ctx.inserter.schema.names, rt.cfg.format.max_message_bytes)
         offsets = sub.column("offset").to_pylist()
         batch = LineBatch(offsets, lines, lambda: table_messages(sub),
                           lambda: table_messages(sub.filter(pc.is_null(lines))))
-        return rt.process_lines(topic, part, batch)
+        return rt.process_lines(ctx, topic, part, batch)
     return rt.process(topic, part, table_messages(sub))
 
 

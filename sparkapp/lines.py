@@ -97,10 +97,10 @@ def strict_in_clickhouse(t: CHType) -> bool:
     return t.name in _STRICT_IN_CLICKHOUSE
 
 
-def eligible(schema: TableSchema, fmt: str, routed: bool) -> bool:
-    """JSON into one table per topic, without Nested-flattened (`a.b`) columns, and only columns that
-    ClickHouse parses strictly (the metadata columns are filled by chsink itself, always in range)."""
-    return fmt == "json" and not routed and all(
+def eligible(schema: TableSchema) -> bool:
+    """A table without Nested-flattened (`a.b`) columns whose columns ClickHouse all parses strictly (the
+    metadata columns are filled by chsink itself, always in range)."""
+    return all(
         "." not in c.name and (c.name in METADATA_COLUMNS or strict_in_clickhouse(c.type)) for c in schema.columns)
 
 

@@ -52,6 +52,7 @@ class Runtime:
     dlq: KafkaDeadLetterSink | None
     contexts: dict[str, WriterContext] = field(default_factory=dict)
     missing_tables: dict[str, str] = field(default_factory=dict)
+    fast: dict[str, WriterContext | None] = field(default_factory=dict)  # per topic, see fast_context
 
     @classmethod
     def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:
@@ -114,32 +115,27 @@ class Runtime:
         return self.contexts[table]
 
     def _make_context(self, table: str, schema: TableSchema, decoder: Any) -> WriterContext:
-        inserter = Inserter(self.client, schema, self.cfg.clickhouse.settings)
-        inserter.line_settings["input_format_skip_unknown_fields"] = int(self.cfg.format.unknown_fields == "ignore")
+        inserter = Inserter(self.client, schema, self.cfg.clickhouse.settings,
+                            skip_unknown_fields=self.cfg.format.unknown_fields == "ignore")
         return WriterContext(
             self.cfg.name, self.store, inserter, decoder,
             self.epoch, self.cfg.batching.block_offsets, self.dlq, refetch=None,
             replay_below=self.cfg.clickhouse.routed, exactly_once=self.cfg.state.enabled,
         )
 
-    def line_columns(self, topic: str) -> tuple[str, ...] | None:
-        """The target table's columns when this topic can take the fast path (ClickHouse parses JSON)."""
-        ch = self.cfg.clickhouse
-        table = ch.table_for(topic)
-        if ch.routed or table is None or self.cfg.format.type != "json" or self.cfg.format.parser != "clickhouse":
-            return None
-        ctx = self._context(table)
-        if ctx is None or not eligible(ctx.inserter.schema, "json", ch.routed):
-            return None
-        return ctx.inserter.schema.names
+    def fast_context(self, topic: str) -> WriterContext | None:
+        """The writer context of the topic's table when it can take the fast path (ClickHouse parses JSON)."""
+        if topic not in self.fast:
+            ch, fmt = self.cfg.clickhouse, self.cfg.format
+            table = ch.table_for(topic)
+            ctx = None if ch.routed or table is None or fmt.type != "json" or fmt.parser != "clickhouse" \
+                else self._context(table)
+            self.fast[topic] = ctx if ctx is not None and eligible(ctx.inserter.schema) else None
+        return self.fast[topic]
 
-    def process_lines(self, topic: str, partition: int, batch: LineBatch) -> list[PartitionResult]:
-        """The fast path of process(): one table, JSON lines parsed by ClickHouse."""
-        table = self.cfg.clickhouse.table_for(topic)
-        ctx = self._context(table) if table else None
-        if ctx is None:
-            return self.process(topic, partition, batch.messages())
-        ctx.refetch = self._refetcher(table or "")
+    def process_lines(self, ctx: WriterContext, topic: str, partition: int, batch: LineBatch) -> list[PartitionResult]:
+        """The fast path of process(): one table (no routing), JSON lines parsed by ClickHouse."""
+        ctx.refetch = self._refetcher(ctx.inserter.schema.table)
         return [write_lines(ctx, PartitionKey(self.cfg.name, topic, partition, ""), batch)]
 
     def process(self, topic: str, partition: int, messages: Sequence[Message]) -> list[PartitionResult]:

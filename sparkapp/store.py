@@ -268,8 +268,7 @@ class StateStore:
             raise FencedError(f"{pk}: writer epoch {epoch} is stale; partition owned by epoch {existing.state.epoch}")
         same = existing is not None and existing.state.range == rng
         dlq, mark = (existing.dlq, existing.dlq_mark) if existing is not None and same else (DlqPhase.NONE, "")
-        if existing is None:
-            self._check_sink_epoch(pk, epoch)  # a stale writer must not re-create a deleted row
+        if existing is None:  # begin() has just checked the sink epoch: a stale writer cannot re-create it
             row = self._row(pk.key, "partition", sink=pk.sink, topic=pk.topic, partition=pk.partition,
                             target=pk.table, phase=phase.value, min_offset=rng.min, max_offset=rng.max,
                             epoch=epoch, layout=layout, shard=shard)

@@ -79,6 +79,13 @@ def _load(ctx: WriterContext, pk: PartitionKey) -> StateRow | None:
     return row
 
 
+def _policy(ctx: WriterContext, refetch: bool = True) -> MissingPolicy:
+    """What the plan does with a stored BEFORE range the batch lacks: re-read it, else dead-letter or refuse."""
+    if refetch and ctx.refetch is not None:
+        return MissingPolicy.REFETCH
+    return MissingPolicy.DEAD_LETTER if ctx.dlq else MissingPolicy.ERROR
+
+
 def _ranges(plan: Plan) -> list[tuple[OffsetRange, bool]]:
     """The ranges to deliver, in order: the stored BEFORE range re-sent identically, then the new one."""
     return [(r, retry) for r, retry in ((plan.retry, True), (plan.insert, False)) if r is not None]
@@ -95,14 +102,12 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
         return _write_plain(ctx, pk, msgs)
     row = _load(ctx, pk)
     stored = row.state if row else None
-    final_policy = MissingPolicy.DEAD_LETTER if ctx.dlq else MissingPolicy.ERROR
-    plan = plan_batch(str(pk), stored, [m.offset for m in msgs],
-                      MissingPolicy.REFETCH if ctx.refetch else final_policy, ctx.replay_below)
+    plan = plan_batch(str(pk), stored, [m.offset for m in msgs], _policy(ctx), ctx.replay_below)
     if plan.refetch is not None and ctx.refetch is not None:
         again = ctx.refetch(pk.topic, pk.partition, plan.refetch)
         log.info("%s: re-read stored BEFORE range %s from Kafka (%d messages)", pk, plan.refetch, len(again))
         msgs = _ordered([*again, *msgs])
-        plan = plan_batch(str(pk), stored, [m.offset for m in msgs], final_policy, ctx.replay_below)
+        plan = plan_batch(str(pk), stored, [m.offset for m in msgs], _policy(ctx, refetch=False), ctx.replay_below)
     result = PartitionResult(pk, plan.case, skipped=_skipped(plan, [m.offset for m in msgs]))
     if not (plan.retry or plan.insert or plan.dead_letter):
         return result
@@ -137,9 +142,7 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
     if not ctx.exactly_once:
         return _write_plain(ctx, pk, None, batch, known_dead)
     row = _load(ctx, pk)
-    final_policy = MissingPolicy.DEAD_LETTER if ctx.dlq else MissingPolicy.ERROR
-    plan = plan_batch(str(pk), row.state if row else None, batch.offsets,
-                      MissingPolicy.REFETCH if ctx.refetch else final_policy, ctx.replay_below)
+    plan = plan_batch(str(pk), row.state if row else None, batch.offsets, _policy(ctx), ctx.replay_below)
     if plan.refetch is not None or plan.dead_letter:
         return write_partition(ctx, pk, batch.messages())
     result = PartitionResult(pk, plan.case, skipped=_skipped(plan, batch.offsets))
@@ -154,14 +157,14 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
             try:
                 _send(ctx, pk, [block], retry, result)
             except InsertError as e:
-                if e.__cause__ is not None and isinstance(e.__cause__, Exception) and is_transient(e.__cause__):
+                if isinstance(e.__cause__, Exception) and is_transient(e.__cause__):
                     raise
                 log.warning("%s: ClickHouse rejected window %s (%s); decoding from there on in Python",
                             pk, w, str(e.__cause__ or e).splitlines()[0][:300])
-                msgs = [m for m in _ordered(batch.messages()) if w.min <= m.offset <= rng.max]
+                sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
+                msgs = [m for m in _ordered(batch.messages()) if w.min <= m.offset <= rng.max and m.offset not in sent]
                 rows, dead = decode_batch(ctx.decode, msgs)
                 _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, since=w.min)
-                result.dead_lettered -= sum(1 for d in dead_in if d.message.offset >= w.min)  # counted twice
                 break
         _commit(ctx, pk, rng, retry, result)
     return result
@@ -180,8 +183,8 @@ def _write_plain(ctx: WriterContext, pk: PartitionKey, msgs: list[Message] | Non
                 ctx.inserter.insert(LineBlock(w, "", payload(lines), offsets, lines))
                 result.inserted_rows += len(offsets)
             except InsertError:
-                rest = [m for m in _ordered(batch.messages()) if m.offset >= w.min
-                        and m.offset not in {d.message.offset for d in known_dead}]
+                sent = {d.message.offset for d in known_dead}
+                rest = [m for m in _ordered(batch.messages()) if m.offset >= w.min and m.offset not in sent]
                 done = _write_plain(ctx, pk, rest)
                 result.inserted_rows += done.inserted_rows
                 result.dead_lettered += done.dead_lettered
@@ -201,10 +204,19 @@ def _write_plain(ctx: WriterContext, pk: PartitionKey, msgs: list[Message] | Non
 
 
 def _send_plain_dead(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> None:
-    if dead and ctx.dlq is None:
-        raise UndeliverableError(f"{pk}: {len(dead)} record(s) cannot be delivered and no dead-letter topic is set")
-    if dead and ctx.dlq is not None:
-        ctx.dlq.send(pk.sink, dead)
+    if dead:
+        _require_dlq(ctx, pk, dead).send(pk.sink, dead)
+
+
+def _require_dlq(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> DeadLetterSink:
+    """The dead-letter sink, or UndeliverableError: records are refused rather than lost."""
+    if ctx.dlq is None:
+        first = "; ".join(d.reason for d in dead[:3])
+        raise UndeliverableError(
+            f"{pk}: {len(dead)} record(s) cannot be delivered and no dead-letter topic is configured "
+            f"(set dlq.topic to divert them): {first}"
+        )
+    return ctx.dlq
 
 
 def _token(ctx: WriterContext, pk: PartitionKey, w: OffsetRange) -> str:
@@ -267,26 +279,21 @@ def _dead_letter(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -
     """
     if not dead:
         return
-    if ctx.dlq is None:
-        first = "; ".join(d.reason for d in dead[:3])
-        raise UndeliverableError(
-            f"{pk}: {len(dead)} record(s) cannot be delivered and no dead-letter topic is configured "
-            f"(set dlq.topic to divert them): {first}"
-        )
+    dlq = _require_dlq(ctx, pk, dead)
     row = ctx.store.check_fence(pk, ctx.epoch)
     if row is None:
         raise FencedError(f"{pk}: state row vanished before dead-lettering (topic removed from the sink?)")
     if row.dlq is DlqPhase.NONE:
-        ctx.store.mark_dlq_sending(pk, ctx.epoch, ctx.dlq.mark())
+        ctx.store.mark_dlq_sending(pk, ctx.epoch, dlq.mark())
         ctx.fault("after_dlq_mark")
     else:  # something of this range went out already: send only what is not there
         if row.dlq is DlqPhase.DONE:
             ctx.store.mark_dlq_sending(pk, ctx.epoch, None)
-        there = ctx.dlq.sent_since(row.dlq_mark, pk.sink)
+        there = dlq.sent_since(row.dlq_mark, pk.sink)
         dead = [d for d in dead if (d.message.topic, d.message.partition, d.message.offset) not in there]
         log.info("%s: %d dead letter(s) of this range still to produce after reading back the DLQ", pk, len(dead))
     if dead:
-        ctx.dlq.send(pk.sink, dead)
+        dlq.send(pk.sink, dead)
     ctx.fault("after_dlq_send")
     ctx.store.mark_dlq_done(pk, ctx.epoch)
     ctx.fault("after_dlq")

@@ -132,6 +132,27 @@ def test_tables_with_types_clickhouse_parses_leniently_stay_on_the_decoder(ch_db
         assert strict_in_clickhouse(parse_type(t)) is ok, t
     client.command("CREATE TABLE narrow (id UInt32, _partition UInt16, _offset UInt64) ENGINE = MergeTree ORDER BY id")
     client.command("CREATE TABLE wide (id UInt64, _partition UInt16, _offset UInt64) ENGINE = MergeTree ORDER BY id")
-    assert not eligible(load_schema(client, db, "narrow"), "json", False)
-    assert eligible(load_schema(client, db, "wide"), "json", False)  # metadata columns are filled by chsink
-    assert not eligible(load_schema(client, db, "wide"), "json", True)
+    assert not eligible(load_schema(client, db, "narrow"))
+    assert eligible(load_schema(client, db, "wide"))  # metadata columns are filled by chsink
+
+
+def test_only_unrouted_json_sinks_on_strict_tables_take_the_fast_path(ch_db):
+    from sparkapp.config import parse_config
+    from sparkapp.runtime import Runtime
+
+    client, db = ch_db
+    client.command("CREATE TABLE fast_ok (id UInt64, _offset UInt64) ENGINE = MergeTree ORDER BY id")
+    client.command("CREATE TABLE fast_no (id UInt32, _offset UInt64) ENGINE = MergeTree ORDER BY id")
+    store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/fast_{db}")
+
+    def runtime(**extra):
+        cfg = parse_config({"name": "fast", "kafka": {"bootstrapServers": "127.0.0.1:1", "topics": ["a", "b"]},
+                            "clickhouse": {"endpoints": ["chdb:///unused"], "database": db,
+                                           "tables": {"a": "fast_ok", "b": "fast_no"}, **extra.pop("ch", {})},
+                            "checkpointLocation": "/tmp/unused", **extra}, "test")
+        return Runtime(cfg, 1, client, store, None)
+
+    assert runtime().fast_context("a") is not None
+    assert runtime().fast_context("b") is None  # UInt32: ClickHouse would wrap out-of-range values
+    assert runtime(format={"parser": "python"}).fast_context("a") is None
+    assert runtime(ch={"tableField": "kind"}).fast_context("a") is None  # routed: one state row per table
