@@ -17,15 +17,20 @@ from kubernetes.client.rest import ApiException
 from sparkapp.config import ConfigError
 from sparkapp.kafka_io import topic_partitions, watermarks
 from sparkapp.runtime import state_store
-from sparkapp.store import resume_positions
+from sparkapp.state_machine import Phase
+from sparkapp.store import StateRow, resume_positions
 
 from . import metrics
+from .rebalance import initial_layout, plan, same_shards, shard_label, spec_layout
 from .render import GROUP, HASH_ANNOTATION, VERSION, Defaults, object_name, render, secret_env_vars, sink_config
 
 log = logging.getLogger(__name__)
 SPARK = ("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
 FORCE_DELETE_ANNOTATION = f"{GROUP}/force-delete"
 NONCE_ANNOTATION = f"{GROUP}/restart-nonce"
+APPROVAL_ANNOTATION = f"{GROUP}/rebalance-approval"  # "required": a plan waits for APPROVE_ANNOTATION
+APPROVE_ANNOTATION = f"{GROUP}/approve-rebalance"  # the plan's toLayout, to approve it
+STOPPED_APP_STATES = {"SUSPENDED", "COMPLETED", "FAILED", "SUBMISSION_FAILED", "FAILED_SUBMISSION"}
 
 
 def _now() -> str:
@@ -121,7 +126,10 @@ def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: 
     nonce = (meta.get("annotations") or {}).get(NONCE_ANNOTATION, "")
     state = spec.get("state", "running")
     try:
-        cm, app = render(namespace, name, spec, nonce, Defaults.from_env())
+        render(namespace, name, spec, nonce, Defaults.from_env(), status)  # validates the spec first
+        shards = layout_status(namespace, name, spec, meta, status)
+        cm, app = render(namespace, name, spec, nonce, Defaults.from_env(), shards,
+                         suspend=(shards.get("rebalance") or {}).get("phase") == "Draining")
     except ConfigError as e:
         msg = str(e)
         metrics.RECONCILE_ERRORS.labels("InvalidSpec").inc()
@@ -140,16 +148,16 @@ def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: 
         apply_configmap(cm)
         changed = apply_app(app)
         phase, ready_reason = ("Paused", "Paused") if state == "paused" else ("Running", "Submitted")
-    cfg = sink_config(namespace, name, spec)
+    cfg = sink_config(namespace, name, spec, shards)
     removed = sorted(set(filter(None, str(status.get("topics") or "").split(","))) - set(cfg.kafka.topics)) \
         if cfg.kafka.topics and status.get("topics") else []
     if removed:
-        clean_removed_topics(body, operator_config(namespace, name, spec), removed)
+        clean_removed_topics(body, operator_config(namespace, name, spec, shards), removed)
     current = _get_app(namespace, obj)
     app_state = ((current or {}).get("status") or {}).get("applicationState", {}).get("state", "")
     new_status = {
         "state": phase, "topics": ",".join(cfg.kafka.topics) or cfg.kafka.topic_pattern,
-        "shards": len(cfg.clickhouse.endpoints), "observedGeneration": generation,
+        "shards": len(cfg.clickhouse.endpoints), "observedGeneration": generation, **shards,
         "sparkApplication": {"name": obj, "state": app_state, "specHash": app["metadata"]["annotations"][
             HASH_ANNOTATION] if state != "stopped" else ""},
         "conditions": merge_conditions(status.get("conditions"), [
@@ -163,7 +171,62 @@ def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: 
     metrics.sink_state(namespace, name, phase)
     if changed != "unchanged" or status.get("state") != phase:
         kopf.info(body, reason=phase, message=f"SparkApplication {obj} {changed}; sink {phase.lower()}")
+    rb, old_rb = shards.get("rebalance") or {}, status.get("rebalance") or {}
+    if rb and (rb.get("phase"), rb.get("toLayout")) != (old_rb.get("phase"), old_rb.get("toLayout")):
+        kopf.info(body, reason=f"Rebalance{rb['phase']}", message=rb.get("message", ""))
     return changed
+
+
+def layout_status(namespace: str, name: str, spec: dict[str, Any], meta: dict[str, Any],
+                  status: dict[str, Any]) -> dict[str, Any]:
+    """status.layout, previousLayout and rebalance after this reconcile: plans a rebalance when the spec's
+    shards differ from the applied layout, and applies it once the drained job left every affected
+    partition AFTER."""
+    out = {k: status[k] for k in ("layout", "previousLayout", "rebalance") if status.get(k)}
+    if "layout" not in out:
+        out["layout"] = initial_layout(spec)
+        return out
+    want, rb = spec_layout(spec), dict(out.get("rebalance") or {})
+    pending = rb.get("phase") in ("AwaitingApproval", "Draining")
+    if same_shards(out["layout"], want):
+        if pending:
+            out["rebalance"] = {**rb, "phase": "Cancelled", "message": "the spec's shards match the applied layout"}
+        return out
+    cfg = operator_config(namespace, name, spec, out)
+    if not (pending and same_shards(rb["target"], want)):  # a new plan (or the spec changed again)
+        rows = _store(cfg).list_sink(cfg.name)
+        parts = [(t, p) for t, n in topic_partitions(cfg.kafka).items() for p in range(n)]
+        stored = {(r.pk.topic, r.pk.partition): (r.state.layout, r.shard) for r in rows}
+        new = plan(out["layout"], want, cfg.sharding.policy, parts, stored)
+        rb = {"fromLayout": out["layout"]["version"], "toLayout": new["target"]["version"], "target": new["target"],
+              "plan": new["moves"], "affected": new["affected"], "proposedAt": _now()}
+    annotations = meta.get("annotations") or {}
+    approved = annotations.get(APPROVAL_ANNOTATION) != "required" or \
+        annotations.get(APPROVE_ANNOTATION) == str(rb["toLayout"])
+    moves = f"{len(rb['plan'])} partition move(s) from layout v{rb['fromLayout']} to v{rb['toLayout']}"
+    if not approved:
+        rb.update(phase="AwaitingApproval", message=f"{moves}; annotate {APPROVE_ANNOTATION}={rb['toLayout']} to apply")
+    else:
+        waiting = _drain_blockers(namespace, name, cfg, rb["affected"])
+        if waiting:
+            rb.update(phase="Draining", message=f"{moves}; job suspended, waiting for {waiting}")
+        else:
+            out["previousLayout"], out["layout"] = out["layout"], rb["target"]
+            rb.update(phase="Applied", appliedAt=_now(), message=f"{moves} applied; job resumed")
+    out["rebalance"] = rb
+    return out
+
+
+def _drain_blockers(namespace: str, name: str, cfg: Any, affected: list[str]) -> str:
+    """What a drain still waits for ("" when done): the job to stop, then affected partitions BEFORE."""
+    app = _get_app(namespace, object_name(name))
+    state = ((app or {}).get("status") or {}).get("applicationState", {}).get("state", "")
+    if app is not None and state not in STOPPED_APP_STATES:
+        return f"SparkApplication {object_name(name)} to stop (state {state or 'unknown'})"
+    want = set(affected)
+    before = [f"{r.pk.topic}/{r.pk.partition} {r.state.range}" for r in _store(cfg).list_sink(cfg.name)
+              if f"{r.pk.topic}/{r.pk.partition}" in want and r.state.phase is Phase.BEFORE]
+    return f"unconfirmed (BEFORE) ranges: {', '.join(before[:10])}" if before else ""
 
 
 def secret_values(namespace: str, spec: dict[str, Any]) -> dict[str, str]:
@@ -189,9 +252,9 @@ def secret_values(namespace: str, spec: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def operator_config(namespace: str, name: str, spec: dict[str, Any]) -> Any:
+def operator_config(namespace: str, name: str, spec: dict[str, Any], status: dict[str, Any] | None = None) -> Any:
     """The sink's config with its Secrets bound in memory, for the operator's own state-store and Kafka calls."""
-    cfg = sink_config(namespace, name, spec)
+    cfg = sink_config(namespace, name, spec, status)
     values = secret_values(namespace, spec)
     for ref in (cfg.clickhouse.password, *cfg.kafka.secret_options.values()):
         if ref is not None and ref.env in values:
@@ -259,9 +322,29 @@ def cleanup(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: di
     kopf.info(body, reason="Cleaned", message=f"deleted {n} partition state row(s) of sink {cfg.name}")
 
 
+def stalled_shards(rows: list[StateRow], status: dict[str, Any], now: dt.datetime,
+                   after_s: float | None = None) -> dict[str, list[str]]:
+    """Shard -> partitions unconfirmed (BEFORE) for longer than `after_s` (default $CHSINK_STALL_SECONDS or
+    120): a shard that stopped answering, or a job that crashed and has not come back."""
+    import os
+
+    after_s = float(os.environ.get("CHSINK_STALL_SECONDS", "120")) if after_s is None else after_s
+    layouts = {int(lay["version"]): lay for lay in (status.get("layout"), status.get("previousLayout")) if lay}
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        age = (now - r.updated_at.replace(tzinfo=dt.UTC)).total_seconds()
+        if r.state.phase is Phase.BEFORE and age > after_s:
+            lay = layouts.get(r.state.layout)
+            label = shard_label(lay, r.shard) if lay and r.shard < len(lay["endpoints"]) else \
+                f"{r.shard} (layout v{r.state.layout})"
+            out.setdefault(label, []).append(f"{r.pk.topic}/{r.pk.partition} ({age:.0f}s)")
+    return out
+
+
 def sink_status(body: Any, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Refreshes the SinkStatus object: state rows from the store, lag from Kafka high watermarks."""
-    cfg = operator_config(namespace, name, spec)
+    cr_status = dict(body.get("status") or {})
+    cfg = operator_config(namespace, name, spec, cr_status)
     rows = _store(cfg).list_sink(cfg.name)
     parts = topic_partitions(cfg.kafka)
     partitions: list[dict[str, Any]] = []
@@ -293,5 +376,20 @@ def sink_status(body: Any, namespace: str, name: str, spec: dict[str, Any]) -> d
         api.patch_namespaced_custom_object(GROUP, VERSION, namespace, "sinkstatuses", name, {"status": status})
     app = _get_app(namespace, object_name(name))
     app_state = ((app or {}).get("status") or {}).get("applicationState", {}).get("state", "")
-    patch_status(namespace, name, {"lag": total_lag, "sparkApplication": {"state": app_state}})
+    stalled = stalled_shards(rows, cr_status, dt.datetime.now(dt.UTC))
+    generation = int((body.get("metadata") or {}).get("generation", 0))
+    degraded = condition("Degraded", True, "ShardStalled", "; ".join(
+        f"shard {shard}: {len(ps)} partition(s) unconfirmed: {', '.join(ps[:10])}" for shard, ps in sorted(
+            stalled.items())), generation) if stalled else condition("Degraded", False, "AsExpected", "", generation)
+    metrics.stalled(namespace, name, {shard: len(ps) for shard, ps in stalled.items()})
+    patch = {"lag": total_lag, "sparkApplication": {"state": app_state}}
+    if (stalled or _is_stalled(cr_status)):  # set and clear only our own Degraded reason
+        patch["conditions"] = merge_conditions(cr_status.get("conditions"), [
+            c for c in cr_status.get("conditions") or [] if c["type"] != "Degraded"] + [degraded])
+    patch_status(namespace, name, patch)
     return status
+
+
+def _is_stalled(status: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Degraded" and c.get("reason") == "ShardStalled"
+               for c in status.get("conditions") or [])

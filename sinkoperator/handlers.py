@@ -58,7 +58,10 @@ def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, **_:
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=STATUS_INTERVAL, initial_delay=min(5.0, STATUS_INTERVAL),
             idle=None, sharp=True)
-def refresh_sink_status(*, body: Any, namespace: Any, name: Any, spec: Any, **_: Any) -> None:
+def refresh_sink_status(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, status: Any,
+                        **_: Any) -> None:
     if (spec or {}).get("state", "running") == "stopped":
         return
+    if ((status or {}).get("rebalance") or {}).get("phase") == "Draining":  # is the drain done?
+        actions.reconcile(body, namespace, name, dict(spec), dict(meta), dict(status))
     actions.sink_status(body, namespace, name, dict(spec))

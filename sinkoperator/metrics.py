@@ -22,3 +22,16 @@ def sink_state(namespace: str, name: str, state: str | None) -> None:
 
 def serve(port: int) -> None:
     start_http_server(port)
+
+
+STALLED = Gauge("chsink_operator_stalled_partitions",
+                "Partitions unconfirmed (BEFORE) past CHSINK_STALL_SECONDS, by sink and shard",
+                ["namespace", "sink", "shard"])
+
+
+def stalled(namespace: str, name: str, per_shard: dict[str, int]) -> None:
+    for labels in list(STALLED._metrics):  # shards that answer again go back to 0
+        if labels[:2] == (namespace, name) and labels[2] not in per_shard:
+            STALLED.labels(*labels).set(0)
+    for shard, n in per_shard.items():
+        STALLED.labels(namespace, name, shard).set(n)

@@ -21,6 +21,8 @@ import yaml
 
 from sparkapp.config import SinkConfig, parse_config
 
+from .rebalance import initial_layout, previous_config
+
 GROUP = "chsink.io"
 VERSION = "v1alpha1"
 HASH_ANNOTATION = f"{GROUP}/spec-hash"
@@ -63,16 +65,31 @@ def secret_env(option: str) -> str:
     return "CHSINK_KAFKA_" + re.sub(r"[^A-Z0-9]", "_", option.upper())
 
 
-def sink_config(namespace: str, name: str, spec: dict[str, Any]) -> SinkConfig:
-    """The job's SinkConfig for a ClickHouseSink spec; errors name the CR field."""
+def sink_config(namespace: str, name: str, spec: dict[str, Any], status: Mapping[str, Any] | None = None) -> SinkConfig:
+    """The job's SinkConfig for a ClickHouseSink spec; errors name the CR field.
+
+    The shards come from `status.layout` (what the job runs with) when there is one: a change of the
+    spec's shards reaches the job only through a rebalance (rebalance.py).
+    """
     k, ch = spec["kafka"], spec["clickhouse"]
     kafka: dict[str, Any] = {"bootstrapServers": k["bootstrapServers"], "options": k.get("options", {}),
                              "secretOptions": {opt: {"env": secret_env(opt)} for opt in k.get("secretOptions", {})}}
     kafka.update({"topics": k["topics"]} if k.get("topics") else {"topicPattern": k.get("topicPattern")})
+    layout = dict((status or {}).get("layout") or initial_layout(spec))
     clickhouse: dict[str, Any] = {
-        "endpoints": [s["endpoint"] for s in ch["shards"]], "database": ch.get("database", "default"),
+        "endpoints": layout["endpoints"], "database": ch.get("database", "default"),
         "tables": ch["tables"], "settings": ch.get("settings", {}),
     }
+    if any(d != clickhouse["database"] for d in layout["shardDatabases"]):
+        clickhouse["shardDatabases"] = layout["shardDatabases"]
+    sh = dict(spec.get("sharding") or {})
+    sharding = {**{k: v for k, v in sh.items() if k != "weights"}, "layout": int(layout["version"])}
+    if len(set(layout["weights"])) > 1:
+        sharding["weights"] = layout["weights"]
+    if layout.get("assignment"):
+        sharding["assignment"] = layout["assignment"]
+    if (status or {}).get("previousLayout"):
+        sharding["previous"] = previous_config(status["previousLayout"])  # type: ignore[index]
     for key in ("tableField", "tableHeader", "username"):
         if ch.get(key):
             clickhouse[key] = ch[key]
@@ -84,7 +101,7 @@ def sink_config(namespace: str, name: str, spec: dict[str, Any]) -> SinkConfig:
         "format": spec.get("format", {}),
         "state": {"engine": eo.get("engine", "KeeperMap"), "table": eo.get("table", "chsink_state"),
                   **({"keeperPath": eo["keeperPath"]} if eo.get("keeperPath") else {})},
-        "batching": spec.get("batching", {}), "dlq": spec.get("dlq", {}),
+        "batching": spec.get("batching", {}), "dlq": spec.get("dlq", {}), "sharding": sharding,
         "checkpointLocation": spec["checkpointLocation"],
     }
     return parse_config(data, f"ClickHouseSink {namespace}/{name} (spec)")
@@ -109,9 +126,10 @@ def spec_hash(material: Any) -> str:
 
 
 def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "",
-           defaults: Defaults = Defaults()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Returns (ConfigMap, SparkApplication) for a ClickHouseSink."""
-    cfg = sink_config(namespace, name, spec)
+           defaults: Defaults = Defaults(), status: Mapping[str, Any] | None = None,
+           suspend: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Returns (ConfigMap, SparkApplication) for a ClickHouseSink; `suspend` drains it (a rebalance)."""
+    cfg = sink_config(namespace, name, spec, status)
     labels = {"app.kubernetes.io/name": "chsink", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/managed-by": "chsink-operator", f"{GROUP}/sink": name}
     config_text = yaml.safe_dump(cfg.redacted(), sort_keys=True)
@@ -142,7 +160,7 @@ def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "",
         "sparkVersion": spark.get("version", defaults.spark_version), "sparkConf": dict(sorted(conf.items())),
         # a stream is never "done": restart it after failures, forever, with a pause
         "restartPolicy": {"type": "Always", "onFailureRetryInterval": 10, "onSubmissionFailureRetryInterval": 30},
-        "driver": driver, "executor": executor, "suspend": spec.get("state", "running") == "paused",
+        "driver": driver, "executor": executor, "suspend": suspend or spec.get("state", "running") == "paused",
     }
     deps = dict(spark.get("deps") or {})
     if defaults.packages and "packages" not in deps:

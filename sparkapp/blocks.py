@@ -15,8 +15,8 @@ sent to (0 when unsharded). `|` in a sink, topic or table name is escaped as `%7
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .state_machine import OffsetRange
@@ -109,3 +109,31 @@ def build_blocks(
     if pending is not None:
         raise ValueError(f"row at offset {pending[0]} is outside range {rng}")
     return blocks
+
+
+def split_block(block: Block | LineBlock, shards: Sequence[int],
+                token_of: Callable[[int], str]) -> list[tuple[int, Block | LineBlock]]:
+    """Cuts one window's block into a sub-block per shard (`shards`: each row's shard), rows in order.
+
+    Each sub-block carries its shard's token, so a retry re-sends the same sub-block to the same shard
+    under the same token; a block wholly on one shard is not copied.
+    """
+    rows: dict[int, list[int]] = {}
+    for i, s in enumerate(shards):
+        rows.setdefault(s, []).append(i)
+    if len(rows) == 1:
+        (s,) = rows
+        return [(s, replace(block, token=token_of(s), shard=s))]
+    out: list[tuple[int, Block | LineBlock]] = []
+    for s, idx in sorted(rows.items()):
+        offsets = tuple(block.offsets[i] for i in idx)
+        if isinstance(block, LineBlock):
+            from .lines import payload
+
+            lines = block.lines.take(idx)
+            out.append((s, replace(block, token=token_of(s), payload=payload(lines), offsets=offsets, lines=lines,
+                                   shard=s)))
+        else:
+            data = tuple([col[i] for i in idx] for col in block.data)
+            out.append((s, replace(block, token=token_of(s), data=data, offsets=offsets, shard=s)))
+    return out

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .decode import DecoderSpec, Format
+from .routing import HashName, Layout, Policy
 from .state_machine import MissingPolicy as MissingPolicy  # re-exported for the job
 from .store import Engine
 
@@ -106,6 +107,8 @@ class KafkaConfig(Strict):
 class ClickHouseConfig(Strict):
     endpoints: list[str] = Field(min_length=1, description="clickhouse-connect DSNs, one per shard")
     database: str = "default"
+    shard_databases: list[str] = Field(default_factory=list, alias="shardDatabases",
+                                       description="per shard, a database other than `database` (empty: all alike)")
     tables: dict[str, str] = Field(min_length=1, description="topic -> table; key '*' matches any topic")
     table_field: str | None = Field(default=None, alias="tableField", description="route by this record field")
     table_header: str | None = Field(default=None, alias="tableHeader", description="route by this Kafka header")
@@ -122,9 +125,19 @@ class ClickHouseConfig(Strict):
                 raise ValueError(f"endpoint [{i}] {dsn!r} is not a clickhouse-connect DSN (http://, https://, chdb://)")
         return v
 
+    @model_validator(mode="after")
+    def _shard_dbs(self) -> ClickHouseConfig:
+        if self.shard_databases and len(self.shard_databases) != len(self.endpoints):
+            raise ValueError(f"shardDatabases has {len(self.shard_databases)} entries for "
+                             f"{len(self.endpoints)} endpoints; give one per endpoint or none")
+        return self
+
     @property
     def embedded(self) -> bool:
         return self.endpoints[0].startswith("chdb://")
+
+    def shard_database(self, shard: int) -> str:
+        return self.shard_databases[shard] if self.shard_databases else self.database
 
     def table_for(self, topic: str) -> str | None:
         return self.tables.get(topic, self.tables.get("*"))
@@ -171,6 +184,49 @@ class BatchingConfig(Strict):
                                description="offsets per INSERT block, counted from each range's start")
 
 
+class PreviousLayout(Strict):
+    """The shard layout before the current one: a BEFORE range recorded under it is re-sent under it."""
+
+    layout: int = Field(ge=0)
+    endpoints: list[str] = Field(min_length=1)
+    shard_databases: list[str] = Field(default_factory=list, alias="shardDatabases")
+    weights: list[int] = Field(default_factory=list)
+    assignment: dict[str, int] = Field(default_factory=dict)
+
+
+class ShardingConfig(Strict):
+    """How rows are spread over `clickhouse.endpoints` (seeds 002/004); see sparkapp/routing.py."""
+
+    policy: Policy = Policy.PARTITION
+    key: str | None = Field(default=None, description="policy key: the column hashed, as the Distributed table does")
+    hash: HashName = HashName.XXHASH64
+    weights: list[int] = Field(default_factory=list, description="per shard (default 1 each)")
+    stripe: int = Field(default=10_000, gt=0, description="policy offsetStripe: offsets per stripe")
+    layout: int = Field(default=0, ge=0, description="layout version, recorded in every state row")
+    assignment: dict[str, int] = Field(
+        default_factory=dict, description="policy partition: 'topic/partition' -> shard; others by hash")
+    previous: PreviousLayout | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ShardingConfig:
+        if self.policy is Policy.KEY and not self.key:
+            raise ValueError("policy key needs `key` (the column to hash)")
+        if any(w < 1 for w in self.weights):
+            raise ValueError("weights must be positive integers")
+        for tp in self.assignment:
+            if "/" not in tp or not tp.rsplit("/", 1)[1].isdigit():
+                raise ValueError(f"assignment key {tp!r} is not 'topic/partition'")
+        if self.previous is not None and self.previous.layout >= self.layout:
+            raise ValueError(f"previous.layout {self.previous.layout} must be below layout {self.layout}")
+        return self
+
+
+def _layout(sh: ShardingConfig, version: int, shards: int, weights: list[int], assignment: dict[str, int],
+            key_type: str) -> Layout:
+    parsed = {(tp.rsplit("/", 1)[0], int(tp.rsplit("/", 1)[1])): s for tp, s in assignment.items()}
+    return Layout(version, tuple(weights or [1] * shards), sh.policy, sh.hash, key_type, sh.stripe, parsed)
+
+
 class DlqConfig(Strict):
     topic: str | None = None
 
@@ -183,6 +239,7 @@ class SinkConfig(Strict):
     state: StateConfig = Field(default_factory=StateConfig)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     dlq: DlqConfig = Field(default_factory=DlqConfig)
+    sharding: ShardingConfig = Field(default_factory=ShardingConfig)
     checkpoint_location: str = Field(alias="checkpointLocation")
     spark_conf: dict[str, str] = Field(default_factory=dict, alias="sparkConf")
 
@@ -192,6 +249,42 @@ class SinkConfig(Strict):
         if not _NAME.match(v):
             raise ValueError("must be 1-120 lowercase letters, digits, '-', '_' or '.'")
         return v
+
+    @model_validator(mode="after")
+    def _sharding(self) -> SinkConfig:
+        sh, n = self.sharding, len(self.clickhouse.endpoints)
+        if sh.weights and len(sh.weights) != n:
+            raise ValueError(f"sharding.weights has {len(sh.weights)} entries for {n} clickhouse endpoints")
+        bad = {tp: s for tp, s in sh.assignment.items() if s >= n}
+        if bad:
+            raise ValueError(f"sharding.assignment names shards beyond the {n} endpoints: {bad}")
+        prev = sh.previous
+        if prev is not None:
+            if prev.weights and len(prev.weights) != len(prev.endpoints):
+                raise ValueError("sharding.previous.weights must have one entry per previous endpoint")
+            if prev.shard_databases and len(prev.shard_databases) != len(prev.endpoints):
+                raise ValueError("sharding.previous.shardDatabases must have one entry per previous endpoint")
+        return self
+
+    def layouts(self, key_type: str = "") -> dict[int, Layout]:
+        """The pure routing layouts this config describes: the current one and, if given, the previous."""
+        sh = self.sharding
+        out = {sh.layout: _layout(sh, sh.layout, len(self.clickhouse.endpoints), sh.weights, sh.assignment,
+                                  key_type)}
+        if sh.previous is not None:
+            p = sh.previous
+            out[p.layout] = _layout(sh, p.layout, len(p.endpoints), p.weights, p.assignment, key_type)
+        return out
+
+    def shard_target(self, layout: int, shard: int) -> tuple[str, str]:
+        """(endpoint, database) of a shard of the current or previous layout."""
+        sh, ch = self.sharding, self.clickhouse
+        if layout == sh.layout:
+            return ch.endpoints[shard], ch.shard_database(shard)
+        if sh.previous is not None and layout == sh.previous.layout:
+            p = sh.previous
+            return p.endpoints[shard], p.shard_databases[shard] if p.shard_databases else ch.database
+        raise KeyError(layout)
 
     def redacted(self) -> dict[str, Any]:
         """The config as shown in logs: secret references only, never their values."""

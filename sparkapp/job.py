@@ -30,12 +30,13 @@ from .kafka_io import topic_partitions
 from .lines import LineBatch, build_lines
 from .runtime import Runtime, starting_offsets, state_store
 from .schema import load_schema
+from .shards import ShardUnavailableError
 from .store import FencedError
 
 log = logging.getLogger("chsink.job")
 STOP_MARKER = "chsink: stop requested"
 _RESULT_SCHEMA = ("topic string, partition int, rows long, inserted long, dead long, inserts long, retried long, "
-                  "cases string")
+                  "cases string, stalled string")
 _EXECUTOR_RUNTIMES: dict[tuple[str, int], Runtime] = {}
 
 
@@ -126,8 +127,18 @@ def table_messages(tbl: Any) -> list[Message]:
     ]
 
 
-def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[Any]:
-    """One partition's slice through the fast path (ClickHouse parses JSON lines) or the decoding path."""
+def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> dict[str, Any]:
+    """One partition's slice, delivered; its result row. A partition whose shard is unavailable stalls: its
+    state stays BEFORE (the next batch re-reads from there), and the other partitions go on."""
+    try:
+        return _result_row(topic, part, sub.num_rows, _deliver(rt, topic, part, sub))
+    except ShardUnavailableError as e:
+        log.warning("%s/%d stalls: %s", topic, part, e)
+        return {**_result_row(topic, part, sub.num_rows, []), "stalled": e.label}
+
+
+def _deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[Any]:
+    """Through the fast path (ClickHouse parses JSON lines) or the decoding path."""
     ctx = rt.fast_context(topic)
     if ctx is not None:
         import pyarrow.compute as pc
@@ -158,12 +169,12 @@ def _executor_fn(cfg_json: str, epoch: int) -> Any:
         if len(groups) > 1:
             raise RuntimeError(f"a task received {len(groups)} Kafka partitions; chsink needs one per task")
         for topic, part, sub in groups:
-            results = deliver(rt, topic, part, sub)
-            yield pa.RecordBatch.from_pylist([_result_row(topic, part, sub.num_rows, results)],
+            yield pa.RecordBatch.from_pylist([deliver(rt, topic, part, sub)],
                                              schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()),
                                                                ("rows", pa.int64()), ("inserted", pa.int64()),
                                                                ("dead", pa.int64()), ("inserts", pa.int64()),
-                                                               ("retried", pa.int64()), ("cases", pa.string())]))
+                                                               ("retried", pa.int64()), ("cases", pa.string()),
+                                                               ("stalled", pa.string())]))
 
     return run
 
@@ -171,7 +182,8 @@ def _executor_fn(cfg_json: str, epoch: int) -> Any:
 def _result_row(topic: str, part: int, rows: int, results: list[Any]) -> dict[str, Any]:
     return {"topic": topic, "partition": part, "rows": rows, "inserted": sum(r.inserted_rows for r in results),
             "dead": sum(r.dead_lettered for r in results), "inserts": sum(r.inserts for r in results),
-            "retried": sum(1 for r in results if r.retried), "cases": ",".join(r.case.value for r in results)}
+            "retried": sum(1 for r in results if r.retried), "cases": ",".join(r.case.value for r in results),
+            "stalled": ""}
 
 
 @dataclass
@@ -215,7 +227,7 @@ class SinkJob:
                 raise ConfigError(f"clickhouse.tables: no table for topic {topic!r} (add it or a '*' entry)")
             if table is not None:
                 try:
-                    load_schema(client, ch.database, table)
+                    load_schema(client, ch.shard_database(0), table)
                 except Exception as e:
                     raise ConfigError(f"clickhouse.tables[{topic!r}]: {e}") from None
         store = state_store(self.cfg, client)
@@ -237,8 +249,7 @@ class SinkJob:
         assert self.runtime is not None
         t1 = time.monotonic()
         try:
-            rows = [_result_row(topic, part, sub.num_rows, deliver(self.runtime, topic, part, sub))
-                    for topic, part, sub in partition_slices(tbl)]
+            rows = [deliver(self.runtime, topic, part, sub) for topic, part, sub in partition_slices(tbl)]
         except FencedError:
             metrics.FENCED.labels(self.cfg.name).inc()
             raise
@@ -286,8 +297,9 @@ class SinkJob:
         metrics.batch_done(self.cfg.name, rows, p.last_batch_s)
         if n:
             p.last_data = time.monotonic()
-        log.info("batch %d: %d records from %d partitions in %.2fs%s", batch_id, n, len(rows), p.last_batch_s,
-                 detail)
+        stalled = sorted(f"{r['topic']}/{r['partition']}" for r in rows if r.get("stalled"))
+        log.info("batch %d: %d records from %d partitions in %.2fs%s%s", batch_id, n, len(rows), p.last_batch_s,
+                 detail, f"; stalled (shard unavailable): {', '.join(stalled)}" if stalled else "")
 
     def run(self, until_idle: float | None = None, max_seconds: float | None = None) -> int:
         parts = self.preflight()

@@ -21,9 +21,11 @@ FENCED = Counter("chsink_fenced_total", "Attempts refused because a newer writer
 LAG = Gauge("chsink_partition_lag", "Records in Kafka not yet delivered", ["sink", "topic", "partition"])
 BATCH_SECONDS = Histogram("chsink_batch_duration_seconds", "Time to deliver one micro-batch", ["sink"],
                           buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+STALLED = Gauge("chsink_shard_stalled_partitions",
+                "Partitions waiting (BEFORE) for an unavailable shard, as of the last batch", ["sink", "shard"])
 NAMES = ("chsink_rows_in_total", "chsink_rows_inserted_total", "chsink_rows_dead_lettered_total",
          "chsink_inserts_total", "chsink_retried_ranges_total", "chsink_fenced_total", "chsink_partition_lag",
-         "chsink_batch_duration_seconds")
+         "chsink_batch_duration_seconds", "chsink_shard_stalled_partitions")
 
 
 def batch_done(sink: str, results: Iterable[dict[str, Any]], seconds: float) -> None:
@@ -34,6 +36,15 @@ def batch_done(sink: str, results: Iterable[dict[str, Any]], seconds: float) -> 
         INSERTS.labels(sink).inc(r.get("inserts", 0))
         RETRIES.labels(sink).inc(r.get("retried", 0))
     BATCH_SECONDS.labels(sink).observe(seconds)
+    stalled: dict[str, int] = {}
+    for r in results:
+        if r.get("stalled"):
+            stalled[r["stalled"]] = stalled.get(r["stalled"], 0) + 1
+    for labels in list(STALLED._metrics):  # shards stalled before and answering now go back to 0
+        if labels[0] == sink and labels[1] not in stalled:
+            STALLED.labels(*labels).set(0)
+    for shard, n in stalled.items():
+        STALLED.labels(sink, shard).set(n)
 
 
 def lag(sink: str, per_partition: dict[tuple[str, int], int]) -> None:

@@ -16,7 +16,7 @@ import itertools
 import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -81,6 +81,55 @@ def weighted_shard(h: int, weights: Sequence[int]) -> int:
 
 def stripe_shard(offset: int, stripe: int, shards: int) -> int:
     return (offset // stripe) % shards
+
+
+HASHABLE_KEY_TYPES = ("String", "Int8", "UInt8", "Int16", "UInt16", "Int32", "UInt32", "Int64",
+                      "UInt64")
+
+
+def key_type_ok(type_name: str) -> bool:
+    """Whether a key column's ClickHouse type is one whose hash chsink computes exactly as ClickHouse does."""
+    base = type_name.removeprefix("LowCardinality(").removesuffix(")") if type_name.startswith("LowCardinality(") \
+        else type_name
+    return base.split("(")[0] in HASHABLE_KEY_TYPES
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One shard layout version: how many shards, their weights and the routing policy over them.
+
+    Every state row records the layout its range was sent under, so a retry is routed by the same
+    layout even after the sink moved to a newer one.
+    """
+
+    version: int
+    weights: tuple[int, ...]
+    policy: Policy = Policy.PARTITION
+    hash: HashName = HashName.XXHASH64
+    key_type: str = ""  # the ClickHouse type of the key column (policy key)
+    stripe: int = 10_000
+    assignment: Mapping[tuple[str, int], int] = field(default_factory=dict)
+
+    @property
+    def shards(self) -> int:
+        return len(self.weights)
+
+    def partition_shard(self, topic: str, partition: int) -> int:
+        """policy partition: the recorded assignment, else a stable weighted hash of the partition's name."""
+        if (topic, partition) in self.assignment:
+            return self.assignment[(topic, partition)]
+        return weighted_shard(hash64(HashName.XXHASH64, f"{topic}/{partition}".encode()), self.weights)
+
+    def row_shards(self, offsets: Sequence[int], keys: Sequence[Any] | None = None) -> list[int]:
+        """policy key / offsetStripe: the shard of each row (keys: the key column's values, in row order)."""
+        if self.policy is Policy.OFFSET_STRIPE:
+            return [stripe_shard(o, self.stripe, self.shards) for o in offsets]
+        if self.policy is Policy.KEY:
+            assert keys is not None
+            base = self.key_type.removeprefix("LowCardinality(").split("(")[0].rstrip(")")
+            numeric = "Int" in base
+            return [weighted_shard(hash64(self.hash, key_bytes(k, base), numeric), self.weights) for k in keys]
+        raise ValueError("row_shards applies to policies key and offsetStripe")
 
 
 @dataclass(frozen=True)

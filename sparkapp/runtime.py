@@ -12,14 +12,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .clients import clickhouse_client
-from .config import SinkConfig
+from .clients import clickhouse_client, redact_dsn
+from .config import ConfigError, SinkConfig
 from .decode import DecodeError, Message, make_decoder
 from .dlq import KafkaDeadLetterSink
 from .insert import Inserter
 from .kafka_io import read_range
 from .lines import LineBatch, eligible
+from .routing import Policy, key_type_ok
 from .schema import SchemaError, TableSchema, load_schema
+from .shards import Health, ShardSet
 from .state_machine import OffsetRange
 from .store import PartitionKey, StateStore, resume_positions
 from .writer import PartitionResult, WriterContext, write_lines, write_partition
@@ -53,6 +55,10 @@ class Runtime:
     contexts: dict[str, WriterContext] = field(default_factory=dict)
     missing_tables: dict[str, str] = field(default_factory=dict)
     fast: dict[str, WriterContext | None] = field(default_factory=dict)  # per topic, see fast_context
+    health: Health | None = None
+
+    def __post_init__(self) -> None:
+        self.health = self.health or Health(self.cfg.name)
 
     @classmethod
     def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:
@@ -106,7 +112,7 @@ class Runtime:
         if table in self.missing_tables:
             return None
         try:
-            schema = load_schema(self.client, self.cfg.clickhouse.database, table)
+            schema = load_schema(self.client, self.cfg.clickhouse.shard_database(0), table)
         except SchemaError as e:
             self.missing_tables[table] = str(e)
             return None
@@ -115,13 +121,55 @@ class Runtime:
         return self.contexts[table]
 
     def _make_context(self, table: str, schema: TableSchema, decoder: Any) -> WriterContext:
-        inserter = Inserter(self.client, schema, self.cfg.clickhouse.settings,
-                            skip_unknown_fields=self.cfg.format.unknown_fields == "ignore")
+        inserter = self._new_inserter(self.client, schema)
         return WriterContext(
             self.cfg.name, self.store, inserter, decoder,
             self.epoch, self.cfg.batching.block_offsets, self.dlq, refetch=None,
-            replay_below=self.cfg.clickhouse.routed, exactly_once=self.cfg.state.enabled,
+            layout=self.cfg.sharding.layout, replay_below=self.cfg.clickhouse.routed,
+            exactly_once=self.cfg.state.enabled,
+            shards=self._shard_set(table, schema) if table != UNROUTABLE else None,
         )
+
+    def _new_inserter(self, client: Any, schema: TableSchema) -> Inserter:
+        return Inserter(client, schema, self.cfg.clickhouse.settings,
+                        skip_unknown_fields=self.cfg.format.unknown_fields == "ignore")
+
+    # ---- shards -------------------------------------------------------------------------------
+
+    def _shard_set(self, table: str, schema: TableSchema) -> ShardSet:
+        """The table's shards: an inserter per (layout, shard), built on first use, each checked to hold a
+        table with the columns of the first shard's."""
+        sh = self.cfg.sharding
+        key_type, key_index = "", None
+        if sh.policy is Policy.KEY:
+            col = next((c for c in schema.columns if c.name == sh.key), None)
+            if col is None or col.default_kind in ("MATERIALIZED", "ALIAS", "EPHEMERAL"):
+                raise ConfigError(f"sharding.key: table {schema.fqn} has no insertable column {sh.key!r}")
+            key_type = str(col.type)
+            if not key_type_ok(key_type):
+                raise ConfigError(f"sharding.key: column {sh.key!r} of {schema.fqn} is {key_type}; chsink hashes "
+                                  "String and (U)Int8..64 keys exactly as ClickHouse does, not this type")
+            key_index = schema.names.index(sh.key)
+
+        def make(layout: int, shard: int) -> Inserter:
+            endpoint, database = self.cfg.shard_target(layout, shard)
+            client = self.client if endpoint == self.cfg.clickhouse.endpoints[0] else \
+                clickhouse_client(self.cfg.clickhouse, endpoint)
+            try:
+                other = load_schema(client, database, table)
+            except SchemaError as e:
+                raise ConfigError(f"clickhouse shard {shard} (layout v{layout}): {e}") from None
+            if other.names != schema.names:
+                raise ConfigError(f"clickhouse shard {shard} (layout v{layout}): table {other.fqn} has columns "
+                                  f"{list(other.names)}, unlike {schema.fqn} {list(schema.names)}")
+            return self._new_inserter(client, other)
+
+        def label(layout: int, shard: int) -> str:
+            endpoint, database = self.cfg.shard_target(layout, shard)
+            return f"{redact_dsn(endpoint)}#{database}"
+
+        assert self.health is not None
+        return ShardSet(self.cfg.layouts(key_type), sh.layout, make, label, self.health, key_index)
 
     def fast_context(self, topic: str) -> WriterContext | None:
         """The writer context of the topic's table when it can take the fast path (ClickHouse parses JSON)."""
@@ -129,7 +177,7 @@ class Runtime:
             ch, fmt = self.cfg.clickhouse, self.cfg.format
             table = ch.table_for(topic)
             ctx = None if ch.routed or table is None or fmt.type != "json" or fmt.parser != "clickhouse" \
-                else self._context(table)
+                or self.cfg.sharding.policy is Policy.KEY else self._context(table)
             self.fast[topic] = ctx if ctx is not None and eligible(ctx.inserter.schema) else None
         return self.fast[topic]
 

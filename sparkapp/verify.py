@@ -90,9 +90,27 @@ class Report:
 Offsets = Counter[tuple[str, int, int]]
 
 
-def _clickhouse_offsets(client: Any, database: str, tables: list[str]) -> tuple[Offsets, list[str]]:
+def _shard_targets(cfg: SinkConfig) -> list[tuple[str, str]]:
+    """Every (endpoint, database) rows may be on: the current layout's shards and the previous layout's."""
+    sh = cfg.sharding
+    layouts = [sh.layout] + ([sh.previous.layout] if sh.previous else [])
+    out: list[tuple[str, str]] = []
+    for v in layouts:
+        n = len(cfg.clickhouse.endpoints) if v == sh.layout else len(sh.previous.endpoints)  # type: ignore[union-attr]
+        out += [t for t in (cfg.shard_target(v, s) for s in range(n)) if t not in out]
+    return out
+
+
+def _clickhouse_offsets(cfg: SinkConfig, tables: list[str]) -> tuple[Offsets, list[str]]:
     counts: Counter[tuple[str, int, int]] = Counter()
-    notes = []
+    notes: list[str] = []
+    for endpoint, database in _shard_targets(cfg):
+        client = clickhouse_client(cfg.clickhouse, endpoint)
+        _count_offsets(client, database, tables, counts, notes)
+    return counts, notes
+
+
+def _count_offsets(client: Any, database: str, tables: list[str], counts: Offsets, notes: list[str]) -> None:
     for table in tables:
         schema = load_schema(client, database, table)
         if not schema.has_offset_columns:
@@ -102,7 +120,6 @@ def _clickhouse_offsets(client: Any, database: str, tables: list[str]) -> tuple[
                                  "GROUP BY _topic, _partition, _offset")
         for t, p, o, c in zip(*(tbl.column(i).to_pylist() for i in range(4)), strict=True):
             counts[(t, int(p), int(o))] += int(c)
-    return counts, notes
 
 
 def _dlq_offsets(cfg: SinkConfig) -> Counter[tuple[str, int, int]]:
@@ -138,7 +155,7 @@ def verify(cfg: SinkConfig) -> Report:
     rows = store.list_sink(cfg.name)
     tables = sorted(set(cfg.clickhouse.tables.values()) | {r.pk.table for r in rows if r.pk.table
                                                           and not r.pk.table.startswith("__")})
-    ch, notes = _clickhouse_offsets(client, cfg.clickhouse.database, tables)
+    ch, notes = _clickhouse_offsets(cfg, tables)
     dlq = _dlq_offsets(cfg)
     delivered = resume_positions(rows)
     reports = []

@@ -12,10 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .blocks import Block, LineBlock, build_blocks, dedup_token
+from .blocks import Block, LineBlock, build_blocks, dedup_token, split_block
 from .decode import DeadLetter, Message, decode_batch
 from .insert import Inserter, InsertError, is_transient
 from .lines import LineBatch, payload
+from .routing import Policy
+from .shards import ShardSet, ShardUnavailableError
 from .state_machine import Case, MissingPolicy, OffsetRange, Plan, plan_batch
 from .store import DlqPhase, FencedError, PartitionKey, StateRow, StateStore
 
@@ -57,6 +59,7 @@ class WriterContext:
     shard: int = 0
     replay_below: bool = False
     exactly_once: bool = True  # False: plain at-least-once inserts, no state and no tokens (a baseline)
+    shards: ShardSet | None = None  # None: one shard, `inserter`, under `layout`/`shard`
     fault: Callable[[str], None] = field(default=lambda step: None)
 
 
@@ -104,8 +107,12 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
     stored = row.state if row else None
     plan = plan_batch(str(pk), stored, [m.offset for m in msgs], _policy(ctx), ctx.replay_below)
     if plan.refetch is not None and ctx.refetch is not None:
-        again = ctx.refetch(pk.topic, pk.partition, plan.refetch)
-        log.info("%s: re-read stored BEFORE range %s from Kafka (%d messages)", pk, plan.refetch, len(again))
+        assert row is not None
+        _check_up(ctx, pk, row.state.layout, row.shard)  # a stalled partition waits without re-reading
+        # up to the batch: a partition that stalled on its shard skipped the batches in between
+        upto = OffsetRange(plan.refetch.min, max(plan.refetch.max, msgs[0].offset - 1) if msgs else plan.refetch.max)
+        again = ctx.refetch(pk.topic, pk.partition, upto)
+        log.info("%s: re-read stored BEFORE range %s from Kafka (%d messages)", pk, upto, len(again))
         msgs = _ordered([*again, *msgs])
         plan = plan_batch(str(pk), stored, [m.offset for m in msgs], _policy(ctx, refetch=False), ctx.replay_below)
     result = PartitionResult(pk, plan.case, skipped=_skipped(plan, [m.offset for m in msgs]))
@@ -119,9 +126,10 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
         _dead_letter(ctx, pk, unsure)
         result.dead_lettered += len(unsure)
     for rng, retry in _ranges(plan):
-        _begin(ctx, pk, rng)
-        _deliver_decoded(ctx, pk, rng, retry, rows, dead, result)
-        _commit(ctx, pk, rng, retry, result)
+        route = _route(ctx, pk, row, retry)
+        _begin(ctx, pk, rng, route)
+        _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, route)
+        _commit(ctx, pk, rng, retry, result, route)
     return result
 
 
@@ -147,15 +155,16 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
         return write_partition(ctx, pk, batch.messages())
     result = PartitionResult(pk, plan.case, skipped=_skipped(plan, batch.offsets))
     for rng, retry in _ranges(plan):
-        _begin(ctx, pk, rng)
+        route = _route(ctx, pk, row, retry)
+        _begin(ctx, pk, rng, route)
         dead_in = [d for d in known_dead if d.message.offset in rng]
         _dead_letter(ctx, pk, dead_in)
         result.dead_lettered += len(dead_in)
         ctx.store.check_fence(pk, ctx.epoch)
         for w, offsets, lines in batch.windows(rng, ctx.block_offsets):
-            block = LineBlock(w, _token(ctx, pk, w), payload(lines), offsets, lines, ctx.shard)
+            block = LineBlock(w, _token(ctx, pk, w, route[1]), payload(lines), offsets, lines, route[1])
             try:
-                _send(ctx, pk, [block], retry, result)
+                _send(ctx, pk, [block], retry, result, route)
             except InsertError as e:
                 if isinstance(e.__cause__, Exception) and is_transient(e.__cause__):
                     raise
@@ -164,9 +173,9 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
                 sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
                 msgs = [m for m in _ordered(batch.messages()) if w.min <= m.offset <= rng.max and m.offset not in sent]
                 rows, dead = decode_batch(ctx.decode, msgs)
-                _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, since=w.min)
+                _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, route, since=w.min)
                 break
-        _commit(ctx, pk, rng, retry, result)
+        _commit(ctx, pk, rng, retry, result, route)
     return result
 
 
@@ -219,19 +228,44 @@ def _require_dlq(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -
     return ctx.dlq
 
 
-def _token(ctx: WriterContext, pk: PartitionKey, w: OffsetRange) -> str:
-    return dedup_token(pk.sink, pk.topic, pk.partition, w, pk.table, ctx.shard)
+def _token(ctx: WriterContext, pk: PartitionKey, w: OffsetRange, shard: int) -> str:
+    return dedup_token(pk.sink, pk.topic, pk.partition, w, pk.table, shard)
 
 
-def _begin(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange) -> None:
+Route = tuple[int, int]  # (layout version, shard): what a range's state row records
+
+
+def _route(ctx: WriterContext, pk: PartitionKey, row: StateRow | None, retry: bool) -> Route:
+    """A re-sent BEFORE range keeps the layout and shard its row recorded, so it reaches the shard its first
+    attempt reached; a new range takes the current layout (and, under policy partition, its shard)."""
+    if ctx.shards is None:
+        return ctx.layout, ctx.shard
+    if retry:
+        assert row is not None
+        ctx.shards.layout(row.state.layout, str(pk))
+        return row.state.layout, row.shard
+    lay = ctx.shards.layouts[ctx.shards.current]
+    return lay.version, lay.partition_shard(pk.topic, pk.partition) if lay.policy is Policy.PARTITION else 0
+
+
+def _check_up(ctx: WriterContext, pk: PartitionKey, layout: int, shard: int) -> None:
+    """Raises ShardUnavailableError, before any work, when a shard the range needs is known to be down."""
+    if ctx.shards is not None:
+        ctx.shards.layout(layout, str(pk))
+        for s in ctx.shards.shards_of(layout, shard):
+            ctx.shards.health.check(ctx.shards.label(layout, s))
+
+
+def _begin(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, route: Route) -> None:
     ctx.fault("before_begin")
-    ctx.store.begin(pk, rng, ctx.epoch, ctx.layout, ctx.shard)
+    ctx.store.begin(pk, rng, ctx.epoch, *route)
     ctx.fault("after_begin")
 
 
-def _commit(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool, result: PartitionResult) -> None:
+def _commit(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool, result: PartitionResult,
+            route: Route) -> None:
     ctx.fault("after_insert")
-    ctx.store.commit(pk, rng, ctx.epoch, ctx.layout, ctx.shard)
+    ctx.store.commit(pk, rng, ctx.epoch, *route)
     ctx.fault("after_commit")
     result.committed = rng
     if retry:
@@ -240,28 +274,56 @@ def _commit(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool,
 
 def _deliver_decoded(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool,
                      rows: Sequence[tuple[int, Sequence[Any]]], dead: Sequence[DeadLetter], result: PartitionResult,
-                     since: int | None = None) -> None:
+                     route: Route, since: int | None = None) -> None:
     """Dead letters, then decoded blocks, of `rng` (from offset `since` on, when the windows below are sent)."""
     lo = rng.min if since is None else since
     dead_in = [d for d in dead if lo <= d.message.offset <= rng.max]
     _dead_letter(ctx, pk, dead_in)
     result.dead_lettered += len(dead_in)
     blocks = build_blocks(rng, [r for r in rows if lo <= r[0] <= rng.max], ctx.inserter.schema.names,
-                          ctx.block_offsets, lambda w: _token(ctx, pk, w), ctx.shard)
+                          ctx.block_offsets, lambda w: _token(ctx, pk, w, route[1]), route[1])
     ctx.store.check_fence(pk, ctx.epoch)
-    _send(ctx, pk, blocks, retry, result)
+    _send(ctx, pk, blocks, retry, result, route)
+
+
+def _split(ctx: WriterContext, pk: PartitionKey, block: Block | LineBlock,
+           route: Route) -> list[tuple[int, Block | LineBlock]]:
+    """The sub-blocks of one window, one per shard, each under its shard's token (seed 004)."""
+    if ctx.shards is None or ctx.shards.layouts[route[0]].policy is Policy.PARTITION:
+        return [(route[1], block)]
+    lay = ctx.shards.layouts[route[0]]
+    keys = None
+    if lay.policy is Policy.KEY:
+        assert isinstance(block, Block) and ctx.shards.key_index is not None, "policy key takes the decoding path"
+        keys = block.data[ctx.shards.key_index]
+    return split_block(block, lay.row_shards(block.offsets, keys),
+                       lambda s: _token(ctx, pk, block.window, s))
 
 
 def _send(ctx: WriterContext, pk: PartitionKey, blocks: Sequence[Block | LineBlock], retry: bool,
-          result: PartitionResult) -> None:
+          result: PartitionResult, route: Route) -> None:
+    """Sends each window's sub-blocks to their shards; a shard failing past its retries stalls the range."""
     for block in blocks:
-        if retry:
-            ctx.inserter.retry(block, pk.topic, pk.partition)
-        else:
-            ctx.inserter.insert(block)
-        result.inserted_rows += block.rows
-        result.inserts += 1
-        ctx.fault("after_block")
+        for shard, sub in _split(ctx, pk, block, route):
+            inserter = ctx.inserter if ctx.shards is None else ctx.shards.inserter(route[0], shard)
+            label = "" if ctx.shards is None else ctx.shards.label(route[0], shard)
+            if ctx.shards is not None:
+                ctx.shards.health.check(label)
+            try:
+                if retry:
+                    inserter.retry(sub, pk.topic, pk.partition)
+                else:
+                    inserter.insert(sub)
+            except InsertError as e:
+                if ctx.shards is None or not (isinstance(e.__cause__, Exception) and is_transient(e.__cause__)):
+                    raise
+                ctx.shards.health.failed(label, str(e.__cause__).splitlines()[0][:300])
+                raise ShardUnavailableError(label, str(e.__cause__).splitlines()[0][:300]) from e
+            if ctx.shards is not None:
+                ctx.shards.health.ok(label)
+            result.inserted_rows += sub.rows
+            result.inserts += 1
+            ctx.fault("after_block")
 
 
 def _ordered(messages: Sequence[Message]) -> list[Message]:

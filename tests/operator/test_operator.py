@@ -59,7 +59,7 @@ def sink(operator, kafka, topic, ch_dsn, ch_db, tmp_path):
         return cr
 
     store = StateStore(client, "chsink_state", Engine.KEEPER_MAP, keeper_path=f"/op_{db}", database=db)
-    yield {"name": name, "topic": src, "apply": apply, "store": store, "db": db, "kube": operator,
+    yield {"name": name, "topic": src, "apply": apply, "store": store, "db": db, "kube": operator, "dsn": ch_dsn,
            "checkpoint": checkpoint, "new_topic": lambda: topic(1)}
     operator.kubectl("delete", "clickhousesink", name, "--ignore-not-found", "--wait=true", "--timeout=60s",
                      check=False)
@@ -117,7 +117,7 @@ def test_printer_columns_and_sinkstatus(sink):
     wait_for("SinkStatus", lambda: (s := (get(sink["kube"], "sinkstatus", sink["name"]) or {}).get("status", {}))
              .get("partitionCount") == 2 and s.get("state") == "Running")
     out = sink["kube"].kubectl("get", "clickhousesinks", sink["name"]).stdout.splitlines()
-    assert out[0].split() == ["NAME", "READY", "STATE", "TOPICS", "SHARDS", "LAG", "AGE"]
+    assert out[0].split() == ["NAME", "READY", "STATE", "TOPICS", "SHARDS", "LAG", "LAYOUT", "REBALANCE", "AGE"]
     assert out[1].split()[:5] == [sink["name"], "True", "Running", sink["topic"], "1"]
     st = sink["kube"].kubectl("get", "sinkstatus", sink["name"]).stdout.splitlines()
     assert st[0].split() == ["NAME", "SINK", "PARTITIONS", "LAG", "STATE", "LAST-COMMIT", "AGE"]

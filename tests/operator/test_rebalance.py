@@ -1,0 +1,116 @@
+"""Rebalancing driven by the operator, on the real API server with state in the ZooKeeper-backed KeeperMap:
+the plan in status, approval, the drain, the new layout in the job's config; and a stalled shard as Degraded.
+
+The test bed has no spark-operator, so the test does its one part in the drain: once the operator has
+suspended the SparkApplication, it sets the application's state to SUSPENDED, as the spark-operator
+does after stopping the driver.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import yaml
+
+from sparkapp.config import parse_config
+from sparkapp.state_machine import OffsetRange
+from sparkapp.store import PartitionKey
+
+from .test_operator import app_of, get, sink, wait_for  # noqa: F401 - the sink fixture
+
+APPROVAL = "chsink.io/rebalance-approval"
+APPROVE = "chsink.io/approve-rebalance"
+
+
+def shards(s, n: int) -> dict:
+    return {"shards": [{"endpoint": s["dsn"], "database": f"{s['db']}_s{i}"} for i in range(n)],
+            "database": s["db"], "tables": {"*": "events"}}
+
+
+def cr(s) -> dict:
+    return get(s["kube"], "clickhousesink", s["name"]) or {}
+
+
+def job_config(s):
+    cm = get(s["kube"], "configmap", f"chsink-{s['name']}")
+    return parse_config(yaml.safe_load(cm["data"]["sink.yaml"]))
+
+
+def test_growing_shards_plans_waits_for_approval_drains_then_applies(sink):
+    s = sink
+    sid = f"default.{s['name']}"
+    store = s["store"]
+    store.ensure_schema()
+    s["apply"](clickhouse=shards(s, 2))
+    wait_for("layout v0", lambda: (cr(s).get("status") or {}).get("layout", {}).get("version") == 0)
+    epoch = store.acquire_epoch(sid)
+    cfg = job_config(s)
+    assert cfg.sharding.layout == 0 and len(cfg.clickhouse.endpoints) == 2
+    layout = cfg.layouts()[0]
+    for p in range(6):  # the job ran under layout 0: partitions on the shards it chose, AFTER
+        pk = PartitionKey(sid, s["topic"], p)
+        store.begin(pk, OffsetRange(0, 9), epoch, 0, layout.partition_shard(s["topic"], p))
+        store.commit(pk, OffsetRange(0, 9), epoch, 0, layout.partition_shard(s["topic"], p))
+    s["kube"].kubectl("annotate", "clickhousesink", s["name"], f"{APPROVAL}=required")
+    s["apply"](clickhouse=shards(s, 4))
+    rb = wait_for("a plan awaiting approval", lambda: (r := (cr(s).get("status") or {}).get("rebalance")) and
+                  r["phase"] == "AwaitingApproval" and r)
+    assert (rb["fromLayout"], rb["toLayout"]) == (0, 1)
+    assert len(rb["plan"]) >= 2, "growing 2 -> 4 shards moves partitions to the new shards"
+    for move in rb["plan"]:
+        assert set(move) == {"partition", "from", "to"} and move["to"].split()[0] in {"2", "3"}
+    assert job_config(s).sharding.layout == 0, "nothing applied before approval"
+    assert not app_of(s)["spec"].get("suspend")
+
+    moved = int(rb["plan"][0]["partition"].rsplit("/", 1)[1])
+    pk0 = PartitionKey(sid, s["topic"], moved)  # in flight when the drain starts
+    store.begin(pk0, OffsetRange(10, 19), epoch, 0, layout.partition_shard(s["topic"], moved))
+    s["kube"].kubectl("annotate", "clickhousesink", s["name"], f"{APPROVE}=1")
+    wait_for("draining", lambda: cr(s)["status"]["rebalance"]["phase"] == "Draining"
+             and app_of(s)["spec"].get("suspend") is True)
+    # the spark-operator's part: the driver stopped at a batch boundary
+    s["kube"].kubectl("patch", "sparkapplication", f"chsink-{s['name']}", "--subresource=status", "--type=merge",
+                      "-p", '{"status": {"driverInfo": {}, "applicationState": {"state": "SUSPENDED"}}}')
+    msg = wait_for("waiting for the BEFORE range", lambda: "BEFORE" in (m := cr(s)["status"]["rebalance"]["message"])
+                   and m)
+    assert f"{s['topic']}/{moved} [10, 19]" in msg
+    assert cr(s)["status"]["rebalance"]["phase"] == "Draining"
+    store.commit(pk0, OffsetRange(10, 19), epoch, 0, layout.partition_shard(s["topic"], moved))
+
+    wait_for("applied", lambda: cr(s)["status"]["rebalance"]["phase"] == "Applied", timeout=90)
+    status = cr(s)["status"]
+    assert status["layout"]["version"] == 1 and len(status["layout"]["endpoints"]) == 4
+    assert status["previousLayout"]["version"] == 0
+    cfg = job_config(s)
+    assert cfg.sharding.layout == 1 and len(cfg.clickhouse.endpoints) == 4
+    assert cfg.sharding.previous is not None and cfg.sharding.previous.layout == 0
+    for move in rb["plan"]:
+        assert cfg.sharding.assignment[move["partition"]] == int(move["to"].split()[0])
+    wait_for("resumed", lambda: not app_of(s)["spec"].get("suspend"))
+    kubectl = s["kube"].kubectl
+    shown = [kubectl("get", "clickhousesink", s["name"]).stdout,
+             kubectl("get", "clickhousesink", s["name"], "-o", "jsonpath={range .status.rebalance.plan[*]}"
+                     "{.partition}{'\\t'}{.from}{' -> '}{.to}{'\\n'}{end}").stdout]
+    assert shown[1].count(" -> ") == len(rb["plan"])
+    print("\n".join(shown), file=sys.__stdout__)
+
+
+def test_a_shard_whose_partitions_stay_unconfirmed_is_degraded_by_name(sink, monkeypatch):
+    monkeypatch.setenv("CHSINK_STALL_SECONDS", "1")
+    s = sink
+    sid = f"default.{s['name']}"
+    store = s["store"]
+    store.ensure_schema()
+    s["apply"](clickhouse=shards(s, 3), sharding={"policy": "partition"})
+    wait_for("layout v0", lambda: (cr(s).get("status") or {}).get("layout", {}).get("version") == 0)
+    epoch = store.acquire_epoch(sid)
+    pk = PartitionKey(sid, s["topic"], 1)
+    store.begin(pk, OffsetRange(0, 9), epoch, 0, 2)  # sent to shard 2, never acknowledged
+    cond = wait_for("Degraded", lambda: next((c for c in cr(s)["status"].get("conditions", [])
+                                              if c["type"] == "Degraded" and c["status"] == "True"), None))
+    assert cond["reason"] == "ShardStalled"
+    assert f"shard 2 (" in cond["message"] and f"#{s['db']}_s2)" in cond["message"]
+    assert f"{s['topic']}/1" in cond["message"]
+    store.commit(pk, OffsetRange(0, 9), epoch, 0, 2)
+    wait_for("recovered", lambda: next(c for c in cr(s)["status"]["conditions"] if c["type"] == "Degraded")
+             ["status"] == "False")
