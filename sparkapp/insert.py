@@ -20,8 +20,9 @@ from .schema import TableSchema
 
 log = logging.getLogger(__name__)
 
-# Error codes worth retrying: network, timeouts, Keeper hiccups, too many parts, memory pressure.
-_TRANSIENT_CODES = {3, 159, 164, 209, 210, 241, 242, 252, 319, 425, 999, 1000, 1002}
+# Error codes worth retrying: network, timeouts, Keeper hiccups, too many parts, memory pressure, and a
+# shard's table or database missing (detached, being re-created): the shard's partitions wait for it.
+_TRANSIENT_CODES = {3, 60, 81, 159, 164, 209, 210, 241, 242, 252, 319, 425, 999, 1000, 1002}
 _TRANSIENT_WORDS = ("timeout", "timed out", "connection", "temporarily", "too many parts", "keeper", "zookeeper",
                     "broken pipe", "reset by peer", "network")
 
@@ -129,7 +130,10 @@ class Inserter:
         if not self.schema.has_offset_columns:
             self.insert(block)  # relies on the deduplication window; see README "Window limits"
             return None
-        rec = self.check(block, topic, partition)
+        try:
+            rec = self.check(block, topic, partition)
+        except Exception as e:
+            raise InsertError(f"cannot count what landed of {block.token} in {self.schema.fqn}: {e}") from e
         if rec.duplicated:
             log.error("offsets %s of %s/%d appear more than once in %s before retry", rec.duplicated[:10],
                       topic, partition, self.schema.fqn)

@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from .store import FencedError
 log = logging.getLogger("chsink.job")
 STOP_MARKER = "chsink: stop requested"
 _RESULT_SCHEMA = ("topic string, partition int, rows long, inserted long, dead long, inserts long, retried long, "
-                  "cases string, stalled string")
+                  "cases string, stalled string, upto long")
 _EXECUTOR_RUNTIMES: dict[tuple[str, int], Runtime] = {}
 
 
@@ -130,11 +130,17 @@ def table_messages(tbl: Any) -> list[Message]:
 def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> dict[str, Any]:
     """One partition's slice, delivered; its result row. A partition whose shard is unavailable stalls: its
     state stays BEFORE (the next batch re-reads from there), and the other partitions go on."""
+    upto = int(sub.column("offset")[-1].as_py()) if sub.num_rows else -1
+    return _guarded(topic, part, sub.num_rows, upto, lambda: _deliver(rt, topic, part, sub))
+
+
+def _guarded(topic: str, part: int, n: int, upto: int, fn: Callable[[], list[Any]]) -> dict[str, Any]:
+    """The result row of one partition's delivery; a shard that is down makes it a stalled one."""
     try:
-        return _result_row(topic, part, sub.num_rows, _deliver(rt, topic, part, sub))
+        return {**_result_row(topic, part, n, fn()), "upto": upto}
     except ShardUnavailableError as e:
         log.warning("%s/%d stalls: %s", topic, part, e)
-        return {**_result_row(topic, part, sub.num_rows, []), "stalled": e.label}
+        return {**_result_row(topic, part, n, []), "stalled": e.label, "upto": upto}
 
 
 def _deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[Any]:
@@ -174,7 +180,7 @@ def _executor_fn(cfg_json: str, epoch: int) -> Any:
                                                                ("rows", pa.int64()), ("inserted", pa.int64()),
                                                                ("dead", pa.int64()), ("inserts", pa.int64()),
                                                                ("retried", pa.int64()), ("cases", pa.string()),
-                                                               ("stalled", pa.string())]))
+                                                               ("stalled", pa.string()), ("upto", pa.int64())]))
 
     return run
 
@@ -212,6 +218,8 @@ class SinkJob:
         self.writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chsink-writer")
         self.pending: concurrent.futures.Future[None] | None = None
         self.epoch = 0
+        self.stalled: dict[tuple[str, int], int] = {}  # partition -> highest offset Spark handed over
+        self.catch_up_every = 5.0
 
     def preflight(self) -> dict[str, int]:
         """Checks everything a user can get wrong before Spark starts; raises ConfigError."""
@@ -284,7 +292,28 @@ class SinkJob:
             self.drain()
             self.pending = self.writer.submit(self._write_arrow, tbl, batch_id, t0, t1 - t0, time.monotonic() - t1)
 
+    def _track_stalled(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            tp = (r["topic"], r["partition"])
+            if r.get("stalled"):
+                self.stalled[tp] = max(self.stalled.get(tp, -1), r.get("upto", -1))
+            elif r.get("upto", -1) >= self.stalled.get(tp, 0):
+                self.stalled.pop(tp, None)
+
+    def catch_up(self) -> None:
+        """Re-drives stalled partitions without waiting for new records: each re-reads from its BEFORE range up
+        to what Spark handed over. Runs where batches are written, one at a time with them."""
+        rt = self.runtime or Runtime.open(self.cfg, self.epoch)
+        rows = [_guarded(t, p, 0, upto, lambda t=t, p=p, upto=upto: rt.catch_up(t, p, upto))  # type: ignore[misc]
+                for (t, p), upto in sorted(self.stalled.items())]
+        self._track_stalled(rows)
+        metrics.batch_done(self.cfg.name, rows, 0.0)
+        done = [f"{r['topic']}/{r['partition']}" for r in rows if not r["stalled"]]
+        if done:
+            log.info("caught up stalled partition(s) %s (%d rows)", ", ".join(done), sum(r["inserted"] for r in rows))
+
     def _account(self, rows: list[dict[str, Any]], batch_id: int, t0: float, detail: str = "") -> None:
+        self._track_stalled(rows)
         p = self.progress
         if p.batches == 0:
             p.started = t0  # rates count from the first batch, not from Spark's start-up
@@ -329,6 +358,7 @@ class SinkJob:
         started = time.monotonic()
         last_print = 0.0
         lag_seen = -1
+        last_catch_up = time.monotonic()
         try:
             while query.isActive:
                 query.awaitTermination(1)
@@ -339,7 +369,8 @@ class SinkJob:
                 if not self.quiet and now - last_print >= self.progress_every:
                     self.print_progress()
                     last_print = now
-                if until_idle is not None and now - max(self.progress.last_data, started) > until_idle:
+                if until_idle is not None and now - max(self.progress.last_data, started) > until_idle \
+                        and not self.stalled:  # idle, and nothing waits for a shard
                     status = query.status
                     if not status.get("isDataAvailable") and not status.get("isTriggerActive"):
                         self.stopping.set()
@@ -347,6 +378,15 @@ class SinkJob:
                     self.stopping.set()
                 if self.pending is not None and self.pending.done() and self.pending.exception() is not None:
                     self.stopping.set()  # the background writer failed: stop, and drain() raises it
+                if self.stalled and now - last_catch_up > self.catch_up_every and not self.stopping.is_set():
+                    last_catch_up = now
+                    if self.runtime is not None:  # behind the batch being written, on the same thread
+                        if self.pending is None or self.pending.done():
+                            self.drain()
+                            self.pending = self.writer.submit(self.catch_up)
+                    else:
+                        with self.in_batch:
+                            self.catch_up()
                 if self.stopping.is_set():
                     with self.in_batch:  # the current batch finishes first
                         query.stop()

@@ -199,6 +199,15 @@ class Runtime:
             results.append(write_partition(ctx, pk, msgs))
         return results
 
+    def catch_up(self, topic: str, partition: int, upto: int) -> list[PartitionResult]:
+        """Delivers a partition from where its state resumes up to `upto`, re-read from Kafka: for a partition
+        that stalled on an unavailable shard while Spark moved on."""
+        rows = [r for r in self.store.list_sink(self.cfg.name) if (r.pk.topic, r.pk.partition) == (topic, partition)]
+        start = resume_positions(rows).get((topic, partition))
+        if start is None or start > upto:
+            return []
+        return self.process(topic, partition, read_range(self.cfg.kafka, topic, partition, OffsetRange(start, upto)))
+
     def _unroutable_context(self, reasons: dict[int, str]) -> WriterContext:
         def reject(m: Message) -> list[Any]:
             raise DecodeError(reasons.get(m.offset, "unroutable record").rsplit(" (at ", 1)[0])

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from sparkapp.store import Engine, StateStore
 from tests.testbed.process import REPO
+
+_seq = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +52,30 @@ def operator(chsink_crds, ch_factory):
     ch_factory()  # the session's chdb engine (with the ZooKeeper config) exists before the operator uses it
     with kopf_runner(chsink_crds.kubeconfig, "default"):
         yield chsink_crds
+
+
+@pytest.fixture
+def sink(operator, kafka, topic, ch_dsn, ch_db, tmp_path):
+    client, db = ch_db
+    client.command(f"CREATE TABLE `{db}`.events (id UInt64, _topic String, _partition UInt16, _offset UInt64) "
+                   "ENGINE = MergeTree ORDER BY _offset")
+    src = topic(2)
+    name = f"s{next(_seq)}"
+
+    checkpoint = tmp_path / "checkpoint"
+
+    def apply(topics: list[str] | None = None, **spec: Any) -> dict[str, Any]:
+        cr = {"apiVersion": "chsink.io/v1alpha1", "kind": "ClickHouseSink",
+              "metadata": {"name": name, "namespace": "default"},
+              "spec": {"kafka": {"bootstrapServers": kafka.bootstrap, "topics": topics or [src]},
+                       "clickhouse": {"shards": [{"endpoint": ch_dsn}], "database": db, "tables": {"*": "events"}},
+                       "exactlyOnce": {"engine": "KeeperMap", "keeperPath": f"/op_{db}"},
+                       "checkpointLocation": str(checkpoint), **spec}}
+        operator.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+        return cr
+
+    store = StateStore(client, "chsink_state", Engine.KEEPER_MAP, keeper_path=f"/op_{db}", database=db)
+    yield {"name": name, "topic": src, "apply": apply, "store": store, "db": db, "kube": operator, "dsn": ch_dsn,
+           "checkpoint": checkpoint, "new_topic": lambda: topic(1)}
+    operator.kubectl("delete", "clickhousesink", name, "--ignore-not-found", "--wait=true", "--timeout=60s",
+                     check=False)

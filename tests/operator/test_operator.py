@@ -14,7 +14,7 @@ import yaml
 from kazoo.client import KazooClient
 
 from sparkapp.state_machine import OffsetRange
-from sparkapp.store import Engine, PartitionKey, StateStore
+from sparkapp.store import PartitionKey
 
 _seq = itertools.count()
 
@@ -36,33 +36,6 @@ def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
 def get(kube, kind: str, name: str) -> dict[str, Any] | None:
     res = kube.kubectl("get", kind, name, "-o", "yaml", check=False)
     return yaml.safe_load(res.stdout) if res.returncode == 0 else None
-
-
-@pytest.fixture
-def sink(operator, kafka, topic, ch_dsn, ch_db, tmp_path):
-    client, db = ch_db
-    client.command(f"CREATE TABLE `{db}`.events (id UInt64, _topic String, _partition UInt16, _offset UInt64) "
-                   "ENGINE = MergeTree ORDER BY _offset")
-    src = topic(2)
-    name = f"s{next(_seq)}"
-
-    checkpoint = tmp_path / "checkpoint"
-
-    def apply(topics: list[str] | None = None, **spec: Any) -> dict[str, Any]:
-        cr = {"apiVersion": "chsink.io/v1alpha1", "kind": "ClickHouseSink",
-              "metadata": {"name": name, "namespace": "default"},
-              "spec": {"kafka": {"bootstrapServers": kafka.bootstrap, "topics": topics or [src]},
-                       "clickhouse": {"shards": [{"endpoint": ch_dsn}], "database": db, "tables": {"*": "events"}},
-                       "exactlyOnce": {"engine": "KeeperMap", "keeperPath": f"/op_{db}"},
-                       "checkpointLocation": str(checkpoint), **spec}}
-        operator.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
-        return cr
-
-    store = StateStore(client, "chsink_state", Engine.KEEPER_MAP, keeper_path=f"/op_{db}", database=db)
-    yield {"name": name, "topic": src, "apply": apply, "store": store, "db": db, "kube": operator, "dsn": ch_dsn,
-           "checkpoint": checkpoint, "new_topic": lambda: topic(1)}
-    operator.kubectl("delete", "clickhousesink", name, "--ignore-not-found", "--wait=true", "--timeout=60s",
-                     check=False)
 
 
 def app_of(s) -> dict[str, Any] | None:

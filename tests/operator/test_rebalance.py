@@ -16,7 +16,7 @@ from sparkapp.config import parse_config
 from sparkapp.state_machine import OffsetRange
 from sparkapp.store import PartitionKey
 
-from .test_operator import app_of, get, sink, wait_for  # noqa: F401 - the sink fixture
+from .test_operator import app_of, get, wait_for
 
 APPROVAL = "chsink.io/rebalance-approval"
 APPROVE = "chsink.io/approve-rebalance"
@@ -109,7 +109,7 @@ def test_a_shard_whose_partitions_stay_unconfirmed_is_degraded_by_name(sink, mon
     cond = wait_for("Degraded", lambda: next((c for c in cr(s)["status"].get("conditions", [])
                                               if c["type"] == "Degraded" and c["status"] == "True"), None))
     assert cond["reason"] == "ShardStalled"
-    assert f"shard 2 (" in cond["message"] and f"#{s['db']}_s2)" in cond["message"]
+    assert "shard 2 (" in cond["message"] and f"#{s['db']}_s2)" in cond["message"]
     assert f"{s['topic']}/1" in cond["message"]
     store.commit(pk, OffsetRange(0, 9), epoch, 0, 2)
     wait_for("recovered", lambda: next(c for c in cr(s)["status"]["conditions"] if c["type"] == "Degraded")
