@@ -197,7 +197,7 @@ def layout_status(namespace: str, name: str, spec: dict[str, Any], meta: dict[st
         rows = _store(cfg).list_sink(cfg.name)
         parts = [(t, p) for t, n in topic_partitions(cfg.kafka).items() for p in range(n)]
         stored = {(r.pk.topic, r.pk.partition): (r.state.layout, r.shard) for r in rows}
-        new = plan(out["layout"], want, cfg.sharding.policy, parts, stored)
+        new = plan(out["layout"], want, parts, stored)
         rb = {"fromLayout": out["layout"]["version"], "toLayout": new["target"]["version"], "target": new["target"],
               "plan": new["moves"], "affected": new["affected"], "proposedAt": _now()}
     annotations = meta.get("annotations") or {}

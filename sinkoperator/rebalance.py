@@ -15,22 +15,33 @@ from typing import Any
 from sparkapp.routing import Layout, Policy, rebalance
 
 Partition = tuple[str, int]
+ROUTING = ("policy", "key", "hash", "stripe")  # what decides a row's shard besides the shards themselves
+_ROUTING_DEFAULTS = {"policy": "partition", "key": None, "hash": "xxHash64", "stripe": 10_000}
 
 
 def spec_layout(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The shards the spec asks for, in status.layout's shape (without version or assignment)."""
+    """The shards and routing the spec asks for, in status.layout's shape (without version or assignment)."""
     shards = spec["clickhouse"]["shards"]
     default_db = spec["clickhouse"].get("database", "default")
-    weights = (spec.get("sharding") or {}).get("weights") or [1] * len(shards)
+    sharding = spec.get("sharding") or {}
+    weights = sharding.get("weights") or [1] * len(shards)
     return {"endpoints": [s["endpoint"] for s in shards],
-            "shardDatabases": [s.get("database", default_db) for s in shards], "weights": list(weights)}
+            "shardDatabases": [s.get("database", default_db) for s in shards], "weights": list(weights),
+            **{k: sharding.get(k, d) for k, d in _ROUTING_DEFAULTS.items()}}
+
+
+def routing(layout: Mapping[str, Any]) -> dict[str, Any]:
+    """A layout's routing parameters (layouts recorded before they were kept default to the defaults)."""
+    return {k: layout.get(k, d) for k, d in _ROUTING_DEFAULTS.items()}
 
 
 def same_shards(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return all(list(a.get(k) or []) == list(b.get(k) or []) for k in ("endpoints", "shardDatabases", "weights"))
+    return all(list(a.get(k) or []) == list(b.get(k) or []) for k in ("endpoints", "shardDatabases", "weights")) \
+        and routing(a) == routing(b)
 
 
 def initial_layout(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Layout 0: what the spec asks for when the sink is created (nothing ran yet, nothing to move)."""
     return {"version": 0, **spec_layout(spec), "assignment": {}}
 
 
@@ -49,7 +60,7 @@ def shard_label(layout: Mapping[str, Any], shard: int) -> str:
     return f"{shard} ({endpoint}#{database})"
 
 
-def plan(old: Mapping[str, Any], new_shards: Mapping[str, Any], policy: Policy, partitions: Iterable[Partition],
+def plan(old: Mapping[str, Any], new_shards: Mapping[str, Any], partitions: Iterable[Partition],
          stored: Mapping[Partition, tuple[int, int]]) -> dict[str, Any]:
     """The next layout and the plan of moves from `old` (status.layout) to the spec's shards.
 
@@ -62,7 +73,8 @@ def plan(old: Mapping[str, Any], new_shards: Mapping[str, Any], policy: Policy, 
     ids_new = [_shard_id(new_shards, s) for s in range(len(new_shards["endpoints"]))]
     target: dict[str, Any] = {"version": int(old["version"]) + 1, **dict(new_shards), "assignment": {}}
     moves: list[dict[str, Any]] = []
-    if policy is not Policy.PARTITION:  # every row is re-spread: all partitions are affected
+    policies = {routing(old)["policy"], routing(new_shards)["policy"]}
+    if policies != {Policy.PARTITION.value}:  # rows are re-spread (or the policy changed): all are affected
         moves = [{"partition": f"{t}/{p}", "from": "all", "to": "all"} for t, p in parts]
         return {"target": target, "moves": moves, "affected": [f"{t}/{p}" for t, p in parts]}
     current_old: dict[Partition, int] = {}
@@ -87,4 +99,5 @@ def previous_config(layout: Mapping[str, Any]) -> dict[str, Any]:
     """A status layout as SinkConfig's sharding.previous."""
     return {"layout": int(layout["version"]), "endpoints": list(layout["endpoints"]),
             "shardDatabases": list(layout["shardDatabases"]), "weights": list(layout["weights"]),
-            "assignment": dict(layout.get("assignment") or {})}
+            "assignment": dict(layout.get("assignment") or {}),
+            **{k: v for k, v in routing(layout).items() if v is not None}}

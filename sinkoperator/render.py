@@ -21,7 +21,7 @@ import yaml
 
 from sparkapp.config import SinkConfig, parse_config
 
-from .rebalance import initial_layout, previous_config
+from .rebalance import initial_layout, previous_config, routing
 
 GROUP = "chsink.io"
 VERSION = "v1alpha1"
@@ -82,8 +82,8 @@ def sink_config(namespace: str, name: str, spec: dict[str, Any], status: Mapping
     }
     if any(d != clickhouse["database"] for d in layout["shardDatabases"]):
         clickhouse["shardDatabases"] = layout["shardDatabases"]
-    sh = dict(spec.get("sharding") or {})
-    sharding = {**{k: v for k, v in sh.items() if k != "weights"}, "layout": int(layout["version"])}
+    sharding = {k: v for k, v in routing(layout).items() if v is not None}
+    sharding["layout"] = int(layout["version"])
     if len(set(layout["weights"])) > 1:
         sharding["weights"] = layout["weights"]
     if layout.get("assignment"):

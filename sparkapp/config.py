@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -192,6 +193,10 @@ class PreviousLayout(Strict):
     shard_databases: list[str] = Field(default_factory=list, alias="shardDatabases")
     weights: list[int] = Field(default_factory=list)
     assignment: dict[str, int] = Field(default_factory=dict)
+    policy: Policy | None = Field(default=None, description="when it differed from the current layout's")
+    key: str | None = None
+    hash: HashName | None = None
+    stripe: int | None = Field(default=None, gt=0)
 
 
 class ShardingConfig(Strict):
@@ -221,10 +226,11 @@ class ShardingConfig(Strict):
         return self
 
 
-def _layout(sh: ShardingConfig, version: int, shards: int, weights: list[int], assignment: dict[str, int],
-            key_type: str) -> Layout:
+def _layout(version: int, shards: int, weights: list[int], assignment: dict[str, int], policy: Policy,
+            key: str | None, hash_name: HashName, stripe: int, type_of: Callable[[str], str]) -> Layout:
     parsed = {(tp.rsplit("/", 1)[0], int(tp.rsplit("/", 1)[1])): s for tp, s in assignment.items()}
-    return Layout(version, tuple(weights or [1] * shards), sh.policy, sh.hash, key_type, sh.stripe, parsed)
+    key_type = type_of(key) if policy is Policy.KEY and key else ""
+    return Layout(version, tuple(weights or [1] * shards), policy, hash_name, key_type, stripe, parsed, key or "")
 
 
 class DlqConfig(Strict):
@@ -266,14 +272,16 @@ class SinkConfig(Strict):
                 raise ValueError("sharding.previous.shardDatabases must have one entry per previous endpoint")
         return self
 
-    def layouts(self, key_type: str = "") -> dict[int, Layout]:
-        """The pure routing layouts this config describes: the current one and, if given, the previous."""
+    def layouts(self, type_of: Callable[[str], str] = lambda column: "") -> dict[int, Layout]:
+        """The pure routing layouts this config describes: the current one and, if given, the previous.
+        `type_of` gives the ClickHouse type of a key column (policy key)."""
         sh = self.sharding
-        out = {sh.layout: _layout(sh, sh.layout, len(self.clickhouse.endpoints), sh.weights, sh.assignment,
-                                  key_type)}
+        out = {sh.layout: _layout(sh.layout, len(self.clickhouse.endpoints), sh.weights, sh.assignment, sh.policy,
+                                  sh.key, sh.hash, sh.stripe, type_of)}
         if sh.previous is not None:
             p = sh.previous
-            out[p.layout] = _layout(sh, p.layout, len(p.endpoints), p.weights, p.assignment, key_type)
+            out[p.layout] = _layout(p.layout, len(p.endpoints), p.weights, p.assignment, p.policy or sh.policy,
+                                    p.key or sh.key, p.hash or sh.hash, p.stripe or sh.stripe, type_of)
         return out
 
     def shard_target(self, layout: int, shard: int) -> tuple[str, str]:

@@ -109,6 +109,7 @@ class Layout:
     key_type: str = ""  # the ClickHouse type of the key column (policy key)
     stripe: int = 10_000
     assignment: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    key: str = ""  # the key column (policy key)
 
     @property
     def shards(self) -> int:

@@ -140,16 +140,15 @@ class Runtime:
         """The table's shards: an inserter per (layout, shard), built on first use, each checked to hold a
         table with the columns of the first shard's."""
         sh = self.cfg.sharding
-        key_type, key_index = "", None
-        if sh.policy is Policy.KEY:
-            col = next((c for c in schema.columns if c.name == sh.key), None)
+
+        def type_of(key: str) -> str:
+            col = next((c for c in schema.columns if c.name == key), None)
             if col is None or col.default_kind in ("MATERIALIZED", "ALIAS", "EPHEMERAL"):
-                raise ConfigError(f"sharding.key: table {schema.fqn} has no insertable column {sh.key!r}")
-            key_type = str(col.type)
-            if not key_type_ok(key_type):
-                raise ConfigError(f"sharding.key: column {sh.key!r} of {schema.fqn} is {key_type}; chsink hashes "
+                raise ConfigError(f"sharding.key: table {schema.fqn} has no insertable column {key!r}")
+            if not key_type_ok(str(col.type)):
+                raise ConfigError(f"sharding.key: column {key!r} of {schema.fqn} is {col.type}; chsink hashes "
                                   "String and (U)Int8..64 keys exactly as ClickHouse does, not this type")
-            key_index = schema.names.index(sh.key)
+            return str(col.type)
 
         def make(layout: int, shard: int) -> Inserter:
             endpoint, database = self.cfg.shard_target(layout, shard)
@@ -169,7 +168,7 @@ class Runtime:
             return f"{redact_dsn(endpoint)}#{database}"
 
         assert self.health is not None
-        return ShardSet(self.cfg.layouts(key_type), sh.layout, make, label, self.health, key_index)
+        return ShardSet(self.cfg.layouts(type_of), sh.layout, make, label, self.health)
 
     def fast_context(self, topic: str) -> WriterContext | None:
         """The writer context of the topic's table when it can take the fast path (ClickHouse parses JSON)."""

@@ -65,7 +65,6 @@ class ShardSet:
     make: Callable[[int, int], Inserter]  # (layout, shard) -> inserter
     label: Callable[[int, int], str]  # (layout, shard) -> the physical shard's name (endpoint/database)
     health: Health
-    key_index: int | None = None  # position of the key column among the inserted columns (policy key)
     _inserters: dict[tuple[int, int], Inserter] = field(default_factory=dict)
 
     def layout(self, version: int, where: str) -> Layout:

@@ -294,8 +294,8 @@ def _split(ctx: WriterContext, pk: PartitionKey, block: Block | LineBlock,
     lay = ctx.shards.layouts[route[0]]
     keys = None
     if lay.policy is Policy.KEY:
-        assert isinstance(block, Block) and ctx.shards.key_index is not None, "policy key takes the decoding path"
-        keys = block.data[ctx.shards.key_index]
+        assert isinstance(block, Block), "policy key takes the decoding path"
+        keys = block.data[block.columns.index(lay.key)]
     return split_block(block, lay.row_shards(block.offsets, keys),
                        lambda s: _token(ctx, pk, block.window, s))
 

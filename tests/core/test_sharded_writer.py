@@ -46,9 +46,8 @@ def shards(ch_db):
 
 
 def shard_set(client: Any, dbs: dict[int, list[str]], layouts: dict[int, Layout], current: int) -> ShardSet:
-    schema = load_schema(client, dbs[current][0], "ev")
     return ShardSet(layouts, current, lambda lay, s: Inserter(client, load_schema(client, dbs[lay][s], "ev")),
-                    lambda lay, s: dbs[lay][s], Health(SINK), key_index=schema.names.index("k"))
+                    lambda lay, s: dbs[lay][s], Health(SINK))
 
 
 def context(client: Any, store: StateStore, ss: ShardSet, fault: Any = None, refetch: Any = None) -> WriterContext:
@@ -74,7 +73,7 @@ def test_crash_between_sub_blocks_leaves_no_duplicates_and_no_gaps(shards, polic
     dbs = dbs[:3]
     store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/shard_{db}")
     store.ensure_schema()
-    layout = Layout(0, (1, 2, 1), policy, HashName.XXHASH64, "String", stripe=5)
+    layout = Layout(0, (1, 2, 1), policy, HashName.XXHASH64, "String", stripe=5, key="k")
     logs = {p: stream(p, 120) for p in (0, 1)}
     rng = random.Random(11)
 
@@ -183,11 +182,38 @@ def test_stalled_partition_catches_up_from_its_before_range(shards):
         if step == "after_begin":
             raise Crash(step)
 
-    ctx = context(client, store, shard_set(client, {0: dbs[:1]}, {0: layout}, 0), crash_after_begin, refetch)
     write_partition(context(client, store, shard_set(client, {0: dbs[:1]}, {0: layout}, 0)), pk, log[:10])
+    ctx = context(client, store, shard_set(client, {0: dbs[:1]}, {0: layout}, 0), crash_after_begin, refetch)
     with pytest.raises(Crash):
         write_partition(ctx, pk, log[10:20])
     # batches 20..40 went by while the partition stalled; the next one starts at 40
     ctx = context(client, store, shard_set(client, {0: dbs[:1]}, {0: layout}, 0), refetch=refetch)
     write_partition(ctx, pk, log[40:])
     assert [o for _, o in offsets_by_shard(client, dbs[:1])[dbs[0]]] == [m.offset for m in log]
+
+
+def test_before_range_keeps_its_policy_when_the_policy_changes(shards):
+    """offsetStripe -> partition: the unconfirmed range is re-sent striped, as first sent; the rest follows
+    the new policy."""
+    client, db, dbs = shards
+    store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/shardpolicy_{db}")
+    store.ensure_schema()
+    log = stream(0, 40)
+    old = Layout(0, (1, 1), Policy.OFFSET_STRIPE, stripe=4)
+    new = Layout(1, (1, 1), assignment={("src", 0): 1})
+    pk = PartitionKey(SINK, "src", 0)
+
+    def crash_after_insert(step: str) -> None:
+        if step == "after_insert":
+            raise Crash(step)
+
+    with pytest.raises(Crash):
+        write_partition(context(client, store, shard_set(client, {0: dbs[:2]}, {0: old}, 0), crash_after_insert),
+                        pk, log[:15])
+    ctx = context(client, store, shard_set(client, {0: dbs[:2], 1: dbs[:2]}, {0: old, 1: new}, 1))
+    write_partition(ctx, pk, log)
+    got = offsets_by_shard(client, dbs[:2])
+    first = [m.offset for m in log[:15]]
+    assert [o for _, o in got[dbs[0]]] == [o for o in first if (o // 4) % 2 == 0]
+    assert [o for _, o in got[dbs[1]]] == sorted([o for o in first if (o // 4) % 2 == 1] +
+                                                  [m.offset for m in log[15:]])

@@ -23,7 +23,6 @@ from sinkoperator.rebalance import plan, previous_config
 from sparkapp import metrics
 from sparkapp.config import SinkConfig, parse_config
 from sparkapp.job import SinkJob
-from sparkapp.routing import Policy
 from sparkapp.runtime import state_store
 from sparkapp.verify import verify
 from tests.testbed.spark import connector_jars
@@ -31,6 +30,7 @@ from tests.testbed.spark import connector_jars
 from .harness import EVENTS_TABLE, BackgroundProducer, event
 
 SHARDS = 4
+pytestmark = pytest.mark.timeout(420)  # a hung Spark stop fails fast, with the stacks pytest-timeout prints
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ def test_growing_and_shrinking_shards_while_producing(tmp_path, kafka, topic, ch
         stored = {(r.pk.topic, r.pk.partition): (r.state.layout, r.shard) for r in store.list_sink(cfg.name)}
         want = {"endpoints": [ch_dsn] * len(shards), "shardDatabases": [f"{db}_s{i}" for i in shards],
                 "weights": [1] * len(shards)}
-        new = plan(layouts[-1], want, Policy.PARTITION, [(src, p) for p in range(6)], stored)
+        new = plan(layouts[-1], want, [(src, p) for p in range(6)], stored)
         assert new["moves"], f"no moves planned for {shards}"
         plans.append(new["moves"])
         cfg = config(tmp_path, kafka, src, dlq, ch_dsn, chdb_config, db, shards, {
