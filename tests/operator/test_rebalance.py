@@ -60,6 +60,11 @@ def test_growing_shards_plans_waits_for_approval_drains_then_applies(sink):
     for move in rb["plan"]:
         assert set(move) == {"partition", "from", "to"} and move["to"].split()[0] in {"2", "3"}
     assert job_config(s).sharding.layout == 0, "nothing applied before approval"
+    plan_cmd = ("get", "clickhousesink", s["name"], "-o", "jsonpath={range .status.rebalance.plan[*]}"
+                "{.partition}{'\\t'}{.from}{' -> '}{.to}{'\\n'}{end}")
+    pending = [s["kube"].kubectl("get", "clickhousesink", s["name"]).stdout, s["kube"].kubectl(*plan_cmd).stdout,
+               s["kube"].kubectl("get", "clickhousesink", s["name"], "-o",
+                                 "jsonpath={.status.rebalance.message}").stdout]
     assert not app_of(s)["spec"].get("suspend")
 
     moved = int(rb["plan"][0]["partition"].rsplit("/", 1)[1])
@@ -88,11 +93,9 @@ def test_growing_shards_plans_waits_for_approval_drains_then_applies(sink):
         assert cfg.sharding.assignment[move["partition"]] == int(move["to"].split()[0])
     wait_for("resumed", lambda: not app_of(s)["spec"].get("suspend"))
     kubectl = s["kube"].kubectl
-    shown = [kubectl("get", "clickhousesink", s["name"]).stdout,
-             kubectl("get", "clickhousesink", s["name"], "-o", "jsonpath={range .status.rebalance.plan[*]}"
-                     "{.partition}{'\\t'}{.from}{' -> '}{.to}{'\\n'}{end}").stdout]
-    assert shown[1].count(" -> ") == len(rb["plan"])
-    print("\n".join(shown), file=sys.__stdout__)
+    shown = [kubectl("get", "clickhousesink", s["name"]).stdout, kubectl(*plan_cmd).stdout]
+    assert shown[1].count(" -> ") == len(rb["plan"]) and pending[1] == shown[1]
+    print("\n".join([*pending, "", "after approval and the drain:", *shown]), file=sys.__stdout__)
 
 
 def test_a_shard_whose_partitions_stay_unconfirmed_is_degraded_by_name(sink, monkeypatch):
