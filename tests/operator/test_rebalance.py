@@ -8,6 +8,7 @@ does after stopping the driver.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import yaml
@@ -22,8 +23,9 @@ APPROVAL = "chsink.io/rebalance-approval"
 APPROVE = "chsink.io/approve-rebalance"
 
 
-def shards(s, n: int) -> dict:
-    return {"shards": [{"endpoint": s["dsn"], "database": f"{s['db']}_s{i}"} for i in range(n)],
+def shards(s, n: int | list[int]) -> dict:
+    which = range(n) if isinstance(n, int) else n
+    return {"shards": [{"endpoint": s["dsn"], "database": f"{s['db']}_s{i}"} for i in which],
             "database": s["db"], "tables": {"*": "events"}}
 
 
@@ -36,7 +38,13 @@ def job_config(s):
     return parse_config(yaml.safe_load(cm["data"]["sink.yaml"]))
 
 
-def test_growing_shards_plans_waits_for_approval_drains_then_applies(sink):
+def set_app_state(s, state: str) -> None:
+    """The spark-operator's part: the application's state as it reports it."""
+    s["kube"].kubectl("patch", "sparkapplication", f"chsink-{s['name']}", "--subresource=status", "--type=merge",
+                      "-p", json.dumps({"status": {"driverInfo": {}, "applicationState": {"state": state}}}))
+
+
+def test_growing_then_shrinking_shards_plans_waits_for_approval_drains_then_applies(sink):
     s = sink
     sid = f"default.{s['name']}"
     store = s["store"]
@@ -52,13 +60,13 @@ def test_growing_shards_plans_waits_for_approval_drains_then_applies(sink):
         store.begin(pk, OffsetRange(0, 9), epoch, 0, layout.partition_shard(s["topic"], p))
         store.commit(pk, OffsetRange(0, 9), epoch, 0, layout.partition_shard(s["topic"], p))
     s["kube"].kubectl("annotate", "clickhousesink", s["name"], f"{APPROVAL}=required")
-    s["apply"](clickhouse=shards(s, 4))
+    s["apply"](clickhouse=shards(s, 3))
     rb = wait_for("a plan awaiting approval", lambda: (r := (cr(s).get("status") or {}).get("rebalance")) and
                   r["phase"] == "AwaitingApproval" and r)
     assert (rb["fromLayout"], rb["toLayout"]) == (0, 1)
-    assert len(rb["plan"]) >= 2, "growing 2 -> 4 shards moves partitions to the new shards"
+    assert len(rb["plan"]) >= 2, "growing 2 -> 3 shards moves partitions to the new shard"
     for move in rb["plan"]:
-        assert set(move) == {"partition", "from", "to"} and move["to"].split()[0] in {"2", "3"}
+        assert set(move) == {"partition", "from", "to"} and move["to"].split()[0] == "2"
     assert job_config(s).sharding.layout == 0, "nothing applied before approval"
     plan_cmd = ("get", "clickhousesink", s["name"], "-o", "jsonpath={range .status.rebalance.plan[*]}"
                 "{.partition}{'\\t'}{.from}{' -> '}{.to}{'\\n'}{end}")
@@ -73,9 +81,7 @@ def test_growing_shards_plans_waits_for_approval_drains_then_applies(sink):
     s["kube"].kubectl("annotate", "clickhousesink", s["name"], f"{APPROVE}=1")
     wait_for("draining", lambda: cr(s)["status"]["rebalance"]["phase"] == "Draining"
              and app_of(s)["spec"].get("suspend") is True)
-    # the spark-operator's part: the driver stopped at a batch boundary
-    s["kube"].kubectl("patch", "sparkapplication", f"chsink-{s['name']}", "--subresource=status", "--type=merge",
-                      "-p", '{"status": {"driverInfo": {}, "applicationState": {"state": "SUSPENDED"}}}')
+    set_app_state(s, "SUSPENDED")  # the driver stopped at a batch boundary
     msg = wait_for("waiting for the BEFORE range", lambda: "BEFORE" in (m := cr(s)["status"]["rebalance"]["message"])
                    and m)
     assert f"{s['topic']}/{moved} [10, 19]" in msg
@@ -84,10 +90,10 @@ def test_growing_shards_plans_waits_for_approval_drains_then_applies(sink):
 
     wait_for("applied", lambda: cr(s)["status"]["rebalance"]["phase"] == "Applied", timeout=90)
     status = cr(s)["status"]
-    assert status["layout"]["version"] == 1 and len(status["layout"]["endpoints"]) == 4
+    assert status["layout"]["version"] == 1 and len(status["layout"]["endpoints"]) == 3
     assert status["previousLayout"]["version"] == 0
     cfg = job_config(s)
-    assert cfg.sharding.layout == 1 and len(cfg.clickhouse.endpoints) == 4
+    assert cfg.sharding.layout == 1 and len(cfg.clickhouse.endpoints) == 3
     assert cfg.sharding.previous is not None and cfg.sharding.previous.layout == 0
     for move in rb["plan"]:
         assert cfg.sharding.assignment[move["partition"]] == int(move["to"].split()[0])
@@ -96,6 +102,29 @@ def test_growing_shards_plans_waits_for_approval_drains_then_applies(sink):
     shown = [kubectl("get", "clickhousesink", s["name"]).stdout, kubectl(*plan_cmd).stdout]
     assert shown[1].count(" -> ") == len(rb["plan"]) and pending[1] == shown[1]
     print("\n".join([*pending, "", "after approval and the drain:", *shown]), file=sys.__stdout__)
+    set_app_state(s, "RUNNING")  # resubmitted under layout 1
+
+    # shrink 3 -> 2, the middle shard removed: exactly its partitions move
+    job_config_assignment_v1 = dict(cfg.sharding.assignment)
+    on_middle = {tp for tp, shard in job_config_assignment_v1.items() if shard == 1}
+    s["apply"](clickhouse=shards(s, [0, 2]))
+    rb = wait_for("a shrink plan", lambda: (r := cr(s)["status"]["rebalance"]) and r["toLayout"] == 2
+                  and r["phase"] == "AwaitingApproval" and r)
+    assert {m["partition"] for m in rb["plan"]} == on_middle
+    print("\n".join(["", "shrinking 3 -> 2 (the middle shard removed):",
+                     s["kube"].kubectl("get", "clickhousesink", s["name"]).stdout,
+                     s["kube"].kubectl(*plan_cmd).stdout]), file=sys.__stdout__)
+    assert all(m["from"].startswith(f"1 ({s['dsn']}#{s['db']}_s1)") for m in rb["plan"])
+    s["kube"].kubectl("annotate", "clickhousesink", s["name"], f"{APPROVE}=2", "--overwrite")
+    wait_for("draining again", lambda: cr(s)["status"]["rebalance"]["phase"] == "Draining")
+    set_app_state(s, "SUSPENDED")
+    wait_for("shrunk", lambda: cr(s)["status"]["rebalance"]["phase"] == "Applied", timeout=90)
+    cfg = job_config(s)
+    assert cfg.sharding.layout == 2 and cfg.clickhouse.shard_databases == [f"{s['db']}_s0", f"{s['db']}_s2"]
+    assert cfg.sharding.previous is not None and cfg.sharding.previous.layout == 1
+    for tp, shard in cfg.sharding.assignment.items():  # the others kept their shard (renumbered 2 -> 1)
+        if tp not in on_middle:
+            assert shard == {0: 0, 2: 1}[job_config_assignment_v1[tp]]
 
 
 def test_a_shard_whose_partitions_stay_unconfirmed_is_degraded_by_name(sink, monkeypatch):
