@@ -61,6 +61,19 @@ def test_invalid_spec_names_the_field():
         rendered(bad)
 
 
+def test_a_spec_the_next_layout_could_not_run_is_invalid_before_any_plan():
+    """The ConfigMap is rendered from status.layout, so the spec's shards are validated on their own too."""
+    from sinkoperator.render import sink_config
+
+    bad = copy.deepcopy(SAMPLE["spec"])
+    bad["sharding"] = {"weights": [1, 2]}
+    with pytest.raises(ConfigError, match=r"sharding.weights has 2 entries for 1 clickhouse endpoints"):
+        sink_config("default", "orders", bad)
+    status = {"layout": {"version": 0, "endpoints": ["https://ch-0.data:8443"], "shardDatabases": ["shop"],
+                         "weights": [1], "assignment": {}}}
+    assert sink_config("default", "orders", bad, status).sharding.layout == 0  # why both are checked
+
+
 def test_rendered_objects_pass_upstream_sparkapplication_validation(chsink_crds):
     cm, app = rendered()
     for obj in (cm, app):
@@ -82,6 +95,8 @@ def test_sample_cr_is_accepted_and_defaulted(chsink_crds):
     (("clickhouse", "shards"), [{"endpoint": "ftp://x"}], "spec.clickhouse.shards[0].endpoint"),
     (("exactlyOnce", "engine"), "Memory", "spec.exactlyOnce.engine"),
     (("spark", "driver"), {"memory": "lots"}, "spec.spark.driver.memory"),
+    (("sharding",), {"weights": [1, 2]}, "sharding.weights needs one weight per clickhouse.shards entry"),
+    (("sharding",), {"policy": "key"}, "sharding.policy key needs sharding.key"),
 ])
 def test_invalid_cr_is_rejected_by_the_schema_naming_the_field(chsink_crds, path, value, needle):
     cr = copy.deepcopy(SAMPLE)
