@@ -127,7 +127,7 @@ def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: 
     state = spec.get("state", "running")
     try:
         sink_config(namespace, name, spec)  # the spec's own shards, as a next layout would run them
-        render(namespace, name, spec, nonce, Defaults.from_env(), status)  # and as the job runs now
+        sink_config(namespace, name, spec, status)  # and as the job runs now
         shards = layout_status(namespace, name, spec, meta, status)
         cm, app = render(namespace, name, spec, nonce, Defaults.from_env(), shards,
                          suspend=(shards.get("rebalance") or {}).get("phase") == "Draining")

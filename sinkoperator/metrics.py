@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, start_http_server
 
+from sparkapp.metrics import set_per_shard
+
 RECONCILES = Counter("chsink_operator_reconcile_total", "Reconciles of ClickHouseSinks, by outcome", ["result"])
 RECONCILE_ERRORS = Counter("chsink_operator_reconcile_errors_total", "Reconciles that failed, by reason", ["reason"])
 SINKS = Gauge("chsink_operator_sinks", "ClickHouseSinks by state, as last reconciled", ["state"])
@@ -30,8 +32,4 @@ STALLED = Gauge("chsink_operator_stalled_partitions",
 
 
 def stalled(namespace: str, name: str, per_shard: dict[str, int]) -> None:
-    for labels in list(STALLED._metrics):  # shards that answer again go back to 0
-        if labels[:2] == (namespace, name) and labels[2] not in per_shard:
-            STALLED.labels(*labels).set(0)
-    for shard, n in per_shard.items():
-        STALLED.labels(namespace, name, shard).set(n)
+    set_per_shard(STALLED, (namespace, name), per_shard)

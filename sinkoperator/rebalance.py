@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sparkapp.routing import Layout, Policy, rebalance
+from sparkapp.routing import Layout, Policy, parse_assignment, rebalance
 
 Partition = tuple[str, int]
 ROUTING = ("policy", "key", "hash", "stripe")  # what decides a row's shard besides the shards themselves
@@ -46,8 +46,7 @@ def initial_layout(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def to_layout(status_layout: Mapping[str, Any], policy: Policy) -> Layout:
-    assignment = {(tp.rsplit("/", 1)[0], int(tp.rsplit("/", 1)[1])): int(s)
-                  for tp, s in (status_layout.get("assignment") or {}).items()}
+    assignment = parse_assignment(status_layout.get("assignment") or {})
     return Layout(int(status_layout["version"]), tuple(status_layout["weights"]), policy, assignment=assignment)
 
 

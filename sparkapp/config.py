@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .decode import DecoderSpec, Format
-from .routing import HashName, Layout, Policy
+from .routing import HashName, Layout, Policy, parse_assignment
 from .state_machine import MissingPolicy as MissingPolicy  # re-exported for the job
 from .store import Engine
 
@@ -218,9 +218,7 @@ class ShardingConfig(Strict):
             raise ValueError("policy key needs `key` (the column to hash)")
         if any(w < 1 for w in self.weights):
             raise ValueError("weights must be positive integers")
-        for tp in self.assignment:
-            if "/" not in tp or not tp.rsplit("/", 1)[1].isdigit():
-                raise ValueError(f"assignment key {tp!r} is not 'topic/partition'")
+        parse_assignment(self.assignment)
         if self.previous is not None and self.previous.layout >= self.layout:
             raise ValueError(f"previous.layout {self.previous.layout} must be below layout {self.layout}")
         return self
@@ -228,7 +226,7 @@ class ShardingConfig(Strict):
 
 def _layout(version: int, shards: int, weights: list[int], assignment: dict[str, int], policy: Policy,
             key: str | None, hash_name: HashName, stripe: int, type_of: Callable[[str], str]) -> Layout:
-    parsed = {(tp.rsplit("/", 1)[0], int(tp.rsplit("/", 1)[1])): s for tp, s in assignment.items()}
+    parsed = parse_assignment(assignment)
     key_type = type_of(key) if policy is Policy.KEY and key else ""
     return Layout(version, tuple(weights or [1] * shards), policy, hash_name, key_type, stripe, parsed, key or "")
 
@@ -284,15 +282,18 @@ class SinkConfig(Strict):
                                     p.key or sh.key, p.hash or sh.hash, p.stripe or sh.stripe, type_of)
         return out
 
-    def shard_target(self, layout: int, shard: int) -> tuple[str, str]:
-        """(endpoint, database) of a shard of the current or previous layout."""
+    def shard_targets(self, layout: int) -> list[tuple[str, str]]:
+        """(endpoint, database) of each shard of the current or previous layout."""
         sh, ch = self.sharding, self.clickhouse
         if layout == sh.layout:
-            return ch.endpoints[shard], ch.shard_database(shard)
+            return [(e, ch.shard_database(i)) for i, e in enumerate(ch.endpoints)]
         if sh.previous is not None and layout == sh.previous.layout:
             p = sh.previous
-            return p.endpoints[shard], p.shard_databases[shard] if p.shard_databases else ch.database
+            return [(e, p.shard_databases[i] if p.shard_databases else ch.database) for i, e in enumerate(p.endpoints)]
         raise KeyError(layout)
+
+    def shard_target(self, layout: int, shard: int) -> tuple[str, str]:
+        return self.shard_targets(layout)[shard]
 
     def redacted(self) -> dict[str, Any]:
         """The config as shown in logs: secret references only, never their values."""

@@ -31,7 +31,7 @@ from .lines import LineBatch, build_lines
 from .runtime import Runtime, starting_offsets, state_store
 from .schema import load_schema
 from .shards import ShardUnavailableError
-from .store import FencedError
+from .store import FencedError, resume_positions
 
 log = logging.getLogger("chsink.job")
 STOP_MARKER = "chsink: stop requested"
@@ -220,6 +220,7 @@ class SinkJob:
         self.epoch = 0
         self.stalled: dict[tuple[str, int], int] = {}  # partition -> highest offset Spark handed over
         self.catch_up_every = 5.0
+        self.catch_up_runtime: Runtime | None = None
 
     def preflight(self) -> dict[str, int]:
         """Checks everything a user can get wrong before Spark starts; raises ConfigError."""
@@ -303,8 +304,12 @@ class SinkJob:
     def catch_up(self) -> None:
         """Re-drives stalled partitions without waiting for new records: each re-reads from its BEFORE range up
         to what Spark handed over. Runs where batches are written, one at a time with them."""
-        rt = self.runtime or Runtime.open(self.cfg, self.epoch)
-        rows = [_guarded(t, p, 0, upto, lambda t=t, p=p, upto=upto: rt.catch_up(t, p, upto))  # type: ignore[misc]
+        if self.runtime is None and self.catch_up_runtime is None:  # executors write batches; this runs here
+            self.catch_up_runtime = Runtime.open(self.cfg, self.epoch)
+        rt = self.runtime or self.catch_up_runtime
+        assert rt is not None
+        starts = resume_positions(rt.store.list_sink(self.cfg.name))  # one read for all stalled partitions
+        rows = [_guarded(t, p, 0, upto, lambda t=t, p=p, upto=upto: rt.catch_up(t, p, starts.get((t, p)), upto))  # type: ignore[misc]
                 for (t, p), upto in sorted(self.stalled.items())]
         self._track_stalled(rows)
         metrics.batch_done(self.cfg.name, rows, 0.0)

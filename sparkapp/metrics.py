@@ -40,11 +40,16 @@ def batch_done(sink: str, results: Iterable[dict[str, Any]], seconds: float) -> 
     for r in results:
         if r.get("stalled"):
             stalled[r["stalled"]] = stalled.get(r["stalled"], 0) + 1
-    for labels in list(STALLED._metrics):  # shards stalled before and answering now go back to 0
-        if labels[0] == sink and labels[1] not in stalled:
-            STALLED.labels(*labels).set(0)
-    for shard, n in stalled.items():
-        STALLED.labels(sink, shard).set(n)
+    set_per_shard(STALLED, (sink,), stalled)
+
+
+def set_per_shard(gauge: Gauge, prefix: tuple[str, ...], per_shard: dict[str, int]) -> None:
+    """Sets a gauge whose last label is the shard; shards absent now (answering again) go back to 0."""
+    for labels in list(gauge._metrics):
+        if labels[:len(prefix)] == prefix and labels[len(prefix)] not in per_shard:
+            gauge.labels(*labels).set(0)
+    for shard, n in per_shard.items():
+        gauge.labels(*prefix, shard).set(n)
 
 
 def lag(sink: str, per_partition: dict[tuple[str, int], int]) -> None:

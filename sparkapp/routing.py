@@ -94,6 +94,17 @@ def key_type_ok(type_name: str) -> bool:
     return base.split("(")[0] in HASHABLE_KEY_TYPES
 
 
+def parse_assignment(assignment: Mapping[str, int]) -> dict[tuple[str, int], int]:
+    """'topic/partition' -> shard (as configs and status hold it) to (topic, partition) -> shard."""
+    out = {}
+    for tp, shard in assignment.items():
+        topic, _, partition = tp.rpartition("/")
+        if not topic or not partition.isdigit():
+            raise ValueError(f"assignment key {tp!r} is not 'topic/partition'")
+        out[(topic, int(partition))] = int(shard)
+    return out
+
+
 @dataclass(frozen=True)
 class Layout:
     """One shard layout version: how many shards, their weights and the routing policy over them.

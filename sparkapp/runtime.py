@@ -55,10 +55,10 @@ class Runtime:
     contexts: dict[str, WriterContext] = field(default_factory=dict)
     missing_tables: dict[str, str] = field(default_factory=dict)
     fast: dict[str, WriterContext | None] = field(default_factory=dict)  # per topic, see fast_context
-    health: Health | None = None
+    health: Health = field(init=False)  # shared by every table's shards: one physical shard, one health
 
     def __post_init__(self) -> None:
-        self.health = self.health or Health(self.cfg.name)
+        self.health = Health(self.cfg.name)
 
     @classmethod
     def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:
@@ -125,7 +125,7 @@ class Runtime:
         return WriterContext(
             self.cfg.name, self.store, inserter, decoder,
             self.epoch, self.cfg.batching.block_offsets, self.dlq, refetch=None,
-            layout=self.cfg.sharding.layout, replay_below=self.cfg.clickhouse.routed,
+            replay_below=self.cfg.clickhouse.routed,
             exactly_once=self.cfg.state.enabled,
             shards=self._shard_set(table, schema) if table != UNROUTABLE else None,
         )
@@ -167,7 +167,6 @@ class Runtime:
             endpoint, database = self.cfg.shard_target(layout, shard)
             return f"{redact_dsn(endpoint)}#{database}"
 
-        assert self.health is not None
         return ShardSet(self.cfg.layouts(type_of), sh.layout, make, label, self.health)
 
     def fast_context(self, topic: str) -> WriterContext | None:
@@ -198,11 +197,9 @@ class Runtime:
             results.append(write_partition(ctx, pk, msgs))
         return results
 
-    def catch_up(self, topic: str, partition: int, upto: int) -> list[PartitionResult]:
-        """Delivers a partition from where its state resumes up to `upto`, re-read from Kafka: for a partition
-        that stalled on an unavailable shard while Spark moved on."""
-        rows = [r for r in self.store.list_sink(self.cfg.name) if (r.pk.topic, r.pk.partition) == (topic, partition)]
-        start = resume_positions(rows).get((topic, partition))
+    def catch_up(self, topic: str, partition: int, start: int | None, upto: int) -> list[PartitionResult]:
+        """Delivers a partition from `start` (where its state resumes) up to `upto`, re-read from Kafka: for a
+        partition that stalled on an unavailable shard while Spark moved on."""
         if start is None or start > upto:
             return []
         return self.process(topic, partition, read_range(self.cfg.kafka, topic, partition, OffsetRange(start, upto)))

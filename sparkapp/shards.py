@@ -66,6 +66,13 @@ class ShardSet:
     label: Callable[[int, int], str]  # (layout, shard) -> the physical shard's name (endpoint/database)
     health: Health
     _inserters: dict[tuple[int, int], Inserter] = field(default_factory=dict)
+    _labels: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def name(self, layout: int, shard: int) -> str:
+        """The physical shard's name, computed once (it is looked up for every sub-block)."""
+        if (layout, shard) not in self._labels:
+            self._labels[(layout, shard)] = self.label(layout, shard)
+        return self._labels[(layout, shard)]
 
     def layout(self, version: int, where: str) -> Layout:
         if version not in self.layouts:

@@ -92,12 +92,9 @@ Offsets = Counter[tuple[str, int, int]]
 
 def _shard_targets(cfg: SinkConfig) -> list[tuple[str, str]]:
     """Every (endpoint, database) rows may be on: the current layout's shards and the previous layout's."""
-    sh = cfg.sharding
-    layouts = [sh.layout] + ([sh.previous.layout] if sh.previous else [])
     out: list[tuple[str, str]] = []
-    for v in layouts:
-        n = len(cfg.clickhouse.endpoints) if v == sh.layout else len(sh.previous.endpoints)  # type: ignore[union-attr]
-        out += [t for t in (cfg.shard_target(v, s) for s in range(n)) if t not in out]
+    for v in cfg.layouts():
+        out += [t for t in cfg.shard_targets(v) if t not in out]
     return out
 
 

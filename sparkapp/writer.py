@@ -253,7 +253,7 @@ def _check_up(ctx: WriterContext, pk: PartitionKey, layout: int, shard: int) -> 
     if ctx.shards is not None:
         ctx.shards.layout(layout, str(pk))
         for s in ctx.shards.shards_of(layout, shard):
-            ctx.shards.health.check(ctx.shards.label(layout, s))
+            ctx.shards.health.check(ctx.shards.name(layout, s))
 
 
 def _begin(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, route: Route) -> None:
@@ -306,7 +306,7 @@ def _send(ctx: WriterContext, pk: PartitionKey, blocks: Sequence[Block | LineBlo
     for block in blocks:
         for shard, sub in _split(ctx, pk, block, route):
             inserter = ctx.inserter if ctx.shards is None else ctx.shards.inserter(route[0], shard)
-            label = "" if ctx.shards is None else ctx.shards.label(route[0], shard)
+            label = "" if ctx.shards is None else ctx.shards.name(route[0], shard)
             if ctx.shards is not None:
                 ctx.shards.health.check(label)
             try:
