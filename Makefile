@@ -10,7 +10,7 @@ setup:
 
 lint: setup
 	ruff check sparkapp sinkoperator tests bench hack
-	mypy sparkapp sinkoperator
+	mypy sparkapp sinkoperator bench hack
 
 # The sharding e2e tests run the job in-process (they act on its chdb engine while it runs), so they get a
 # pytest process, and a Spark driver, of their own.

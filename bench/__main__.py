@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from tests.testbed import Kafka
-from tests.testbed.process import REPO
-from tests.testbed.spark import connector_jars
+from hack.testbed import Kafka
+from hack.testbed.process import REPO
+from hack.testbed.spark import connector_jars
 
 from .data import TABLE, produce
 

@@ -60,7 +60,7 @@ def raw_insert(path: str, n: int, block: int) -> dict[str, float]:
     for start in range(0, n, block):
         client.insert_arrow("bench.raw", tbl.slice(start, block))
     secs = time.monotonic() - t0
-    got = int(client.command("SELECT count() FROM bench.raw"))
+    got = int(client.query("SELECT count() FROM bench.raw").result_rows[0][0])
     return {"rows": got, "seconds": secs, "rows_per_s": n / secs}
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.testbed import Kafka
-from tests.testbed.process import REPO
-from tests.testbed.spark import connector_jars
+from hack.testbed import Kafka
+from hack.testbed.process import REPO
+from hack.testbed.spark import connector_jars
 
 TABLE = """CREATE TABLE IF NOT EXISTS demo.events (
     event_id UInt64, user_id UInt64, event_type LowCardinality(String), country LowCardinality(String),

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-level", choices=sorted(LOG_FLAGS), default="info")
     a = ap.parse_args(argv)
     if a.metrics_port:
-        from .metrics import serve
+        from sparkapp.edges.prometheus import serve
 
         serve(a.metrics_port)
     args = ["run", "-m", "sinkoperator.handlers", f"--liveness={a.liveness}", *LOG_FLAGS[a.log_level]]

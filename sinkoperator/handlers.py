@@ -1,4 +1,4 @@
-"""Kopf handlers for ClickHouseSink: thin wrappers over actions (crate-operator's handlers/actions split)."""
+"""Kopf handlers for ClickHouseSink: thin wrappers over reconcile, cleanup and status."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Any
 
 import kopf
 
-from . import actions, metrics
-from .render import GROUP, VERSION
+from . import cleanup, metrics
+from . import reconcile as reconciler
+from .spec import GROUP, PLURAL, VERSION, DesiredState, RebalancePhase
+from .status import sink_status
 
-PLURAL = "clickhousesinks"
 STATUS_INTERVAL = float(os.environ.get("CHSINK_STATUS_INTERVAL", "30"))
 
 
@@ -21,9 +22,9 @@ def login(**kwargs: Any) -> Any:
     from kubernetes import config
 
     try:  # the actions use the kubernetes client's default configuration
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
@@ -41,7 +42,7 @@ def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def reconcile(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, status: Any, **_: Any) -> dict[str, str]:
     try:
-        changed = actions.reconcile(body, namespace, name, dict(spec), dict(meta), dict(status))
+        changed = reconciler.reconcile(body, namespace, name, dict(spec), dict(meta), dict(status))
     except kopf.PermanentError:
         raise  # counted where it is decided (an invalid spec)
     except Exception as e:
@@ -52,7 +53,7 @@ def reconcile(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, sta
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, **_: Any) -> None:
-    actions.cleanup(body, namespace, name, dict(spec), dict(meta))
+    cleanup.cleanup(body, namespace, name, dict(spec), dict(meta))
     metrics.sink_state(namespace, name, None)
 
 
@@ -60,8 +61,9 @@ def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, **_:
             idle=None, sharp=True)
 def refresh_sink_status(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, status: Any,
                         **_: Any) -> None:
-    if (spec or {}).get("state", "running") == "stopped":
+    if (spec or {}).get("state", DesiredState.RUNNING) == DesiredState.STOPPED:
         return
-    if ((status or {}).get("rebalance") or {}).get("phase") == "Draining":  # is the drain done?
-        actions.reconcile(body, namespace, name, dict(spec), dict(meta), dict(status))
-    actions.sink_status(body, namespace, name, dict(spec))
+    current = dict(status or {})
+    if (current.get("rebalance") or {}).get("phase") == RebalancePhase.DRAINING:  # is the drain done?
+        reconciler.reconcile(body, namespace, name, dict(spec), dict(meta), current)
+    sink_status(body, namespace, name, dict(spec))

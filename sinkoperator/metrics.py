@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge
 
-from sparkapp.metrics import set_per_shard
+from sparkapp.edges.prometheus import set_per_shard
+
+from .spec import SinkState
 
 RECONCILES = Counter("chsink_operator_reconcile_total", "Reconciles of ClickHouseSinks, by outcome", ["result"])
 RECONCILE_ERRORS = Counter("chsink_operator_reconcile_errors_total", "Reconciles that failed, by reason", ["reason"])
@@ -18,12 +20,8 @@ def sink_state(namespace: str, name: str, state: str | None) -> None:
         _STATES.pop((namespace, name), None)
     else:
         _STATES[(namespace, name)] = state
-    for s in {"Running", "Paused", "Stopped", "Invalid", *set(_STATES.values())}:
+    for s in {*map(str, SinkState), *set(_STATES.values())}:
         SINKS.labels(s).set(sum(1 for v in _STATES.values() if v == s))
-
-
-def serve(port: int) -> None:
-    start_http_server(port)
 
 
 STALLED = Gauge("chsink_operator_stalled_partitions",

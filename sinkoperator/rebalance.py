@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sparkapp.routing import Layout, Policy, parse_assignment, rebalance
+from sparkapp.core.routing import DEFAULT_STRIPE, HashName, Layout, Policy, parse_assignment, rebalance
 
 Partition = tuple[str, int]
-ROUTING = ("policy", "key", "hash", "stripe")  # what decides a row's shard besides the shards themselves
-_ROUTING_DEFAULTS = {"policy": "partition", "key": None, "hash": "xxHash64", "stripe": 10_000}
+# what decides a row's shard besides the shards themselves, and the defaults of each
+_ROUTING_DEFAULTS = {"policy": Policy.PARTITION.value, "key": None, "hash": HashName.XXHASH64.value,
+                     "stripe": DEFAULT_STRIPE}
 
 
 def spec_layout(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,11 +22,8 @@ import yaml
 from sparkapp.config import SinkConfig, parse_config
 
 from .rebalance import initial_layout, previous_config, routing
+from .spec import GROUP, HASH_ANNOTATION, DesiredState, object_name, sink_id
 
-GROUP = "chsink.io"
-VERSION = "v1alpha1"
-HASH_ANNOTATION = f"{GROUP}/spec-hash"
-NONCE_ANNOTATION = f"{GROUP}/restart-nonce"
 CONFIG_DIR = "/etc/chsink"
 CONFIG_FILE = "sink.yaml"
 MAIN_FILE = "local:///opt/chsink/main.py"
@@ -51,14 +48,6 @@ class Defaults:
                    env.get("CHSINK_SPARK_VERSION") or DEFAULT_SPARK_VERSION,
                    env.get("CHSINK_SPARK_SERVICE_ACCOUNT", ""),
                    tuple(p for p in env.get("CHSINK_SPARK_PACKAGES", "").split(",") if p))
-
-
-def object_name(name: str) -> str:
-    return f"chsink-{name}"
-
-
-def sink_id(namespace: str, name: str) -> str:
-    return f"{namespace}.{name}"
 
 
 def secret_env(option: str) -> str:
@@ -160,7 +149,8 @@ def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "",
         "sparkVersion": spark.get("version", defaults.spark_version), "sparkConf": dict(sorted(conf.items())),
         # a stream is never "done": restart it after failures, forever, with a pause
         "restartPolicy": {"type": "Always", "onFailureRetryInterval": 10, "onSubmissionFailureRetryInterval": 30},
-        "driver": driver, "executor": executor, "suspend": suspend or spec.get("state", "running") == "paused",
+        "driver": driver, "executor": executor,
+        "suspend": suspend or spec.get("state", DesiredState.RUNNING) == DesiredState.PAUSED,
     }
     deps = dict(spark.get("deps") or {})
     if defaults.packages and "packages" not in deps:

@@ -10,8 +10,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .config import ConfigError, load_config
-from .store import FencedError
+from .config import ConfigError, SinkConfig, load_config
+from .edges.store import FencedError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,10 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         if args.cmd == "run":
-            from .job import SinkJob
+            from .spark.job import SinkJob
 
             if args.metrics_port:
-                from .metrics import serve
+                from .edges.prometheus import serve
 
                 serve(args.metrics_port)
             return SinkJob(cfg, quiet=args.quiet).run(until_idle=args.until_idle, max_seconds=args.max_seconds)
@@ -65,12 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
 
 
-def _state(cfg: object, args: argparse.Namespace) -> int:
-    from .clients import clickhouse_client
-    from .config import SinkConfig
-    from .runtime import state_store
+def _state(cfg: SinkConfig, args: argparse.Namespace) -> int:
+    from .edges.clickhouse import clickhouse_client
+    from .edges.store import state_store
 
-    assert isinstance(cfg, SinkConfig)
     store = state_store(cfg, clickhouse_client(cfg.clickhouse))
     store.ensure_schema()
     if args.action == "list":

@@ -6,20 +6,20 @@ or file and resolved only when a client is built, so the rendered config and log
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .decode import DecoderSpec, Format
-from .routing import HashName, Layout, Policy, parse_assignment
-from .state_machine import MissingPolicy as MissingPolicy  # re-exported for the job
-from .store import Engine
+from .core.routing import DEFAULT_STRIPE, HashName, Layout, Policy, parse_assignment
+from .formats.registry import DecoderSpec, Format
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,118}[a-z0-9])?$")
 # Spark's Kafka consumers fetch 1 MB per partition by default, which made reading 3x slower than these
@@ -28,6 +28,13 @@ SOURCE_FETCH_DEFAULTS = {"kafka.max.partition.fetch.bytes": str(16 << 20), "kafk
                          "kafka.receive.buffer.bytes": str(4 << 20)}
 _FORBIDDEN_SOURCE_OPTIONS = {"minpartitions", "maxrecordsperpartition", "assign", "subscribe", "subscribepattern",
                              "startingoffsets", "kafka.group.id", "groupidprefix"}
+
+
+class Engine(enum.Enum):
+    """The state table's engine: KeeperMap (cluster-wide, in Keeper) or EmbeddedRocksDB (one node)."""
+
+    KEEPER_MAP = "KeeperMap"
+    ROCKSDB = "EmbeddedRocksDB"
 
 
 class ConfigError(ValueError):
@@ -149,7 +156,7 @@ class ClickHouseConfig(Strict):
 
 
 class FormatConfig(Strict):
-    type: Literal["json", "avro", "string"] = "json"
+    type: Format = Format.JSON
     unknown_fields: Literal["ignore", "reject"] = Field(default="ignore", alias="unknownFields")
     avro_schema: str | None = Field(default=None, alias="avroSchema")
     schema_registry_url: str | None = Field(default=None, alias="schemaRegistryUrl")
@@ -159,14 +166,14 @@ class FormatConfig(Strict):
 
     @model_validator(mode="after")
     def _avro(self) -> FormatConfig:
-        if self.type == "avro" and not (self.avro_schema or self.schema_registry_url):
+        if self.type is Format.AVRO and not (self.avro_schema or self.schema_registry_url):
             raise ValueError("format avro needs `avroSchema` or `schemaRegistryUrl`")
         if self.avro_schema:
             json.loads(self.avro_schema)
         return self
 
     def decoder_spec(self) -> DecoderSpec:
-        return DecoderSpec(Format(self.type), self.unknown_fields, self.avro_schema, self.schema_registry_url,
+        return DecoderSpec(self.type, self.unknown_fields, self.avro_schema, self.schema_registry_url,
                            self.max_message_bytes)
 
 
@@ -200,13 +207,13 @@ class PreviousLayout(Strict):
 
 
 class ShardingConfig(Strict):
-    """How rows are spread over `clickhouse.endpoints` (seeds 002/004); see sparkapp/routing.py."""
+    """How rows are spread over `clickhouse.endpoints`; the policies are in sparkapp/core/routing.py."""
 
     policy: Policy = Policy.PARTITION
     key: str | None = Field(default=None, description="policy key: the column hashed, as the Distributed table does")
     hash: HashName = HashName.XXHASH64
     weights: list[int] = Field(default_factory=list, description="per shard (default 1 each)")
-    stripe: int = Field(default=10_000, gt=0, description="policy offsetStripe: offsets per stripe")
+    stripe: int = Field(default=DEFAULT_STRIPE, gt=0, description="policy offsetStripe: offsets per stripe")
     layout: int = Field(default=0, ge=0, description="layout version, recorded in every state row")
     assignment: dict[str, int] = Field(
         default_factory=dict, description="policy partition: 'topic/partition' -> shard; others by hash")
@@ -227,8 +234,8 @@ class ShardingConfig(Strict):
 def _layout(version: int, shards: int, weights: list[int], assignment: dict[str, int], policy: Policy,
             key: str | None, hash_name: HashName, stripe: int, type_of: Callable[[str], str]) -> Layout:
     parsed = parse_assignment(assignment)
-    key_type = type_of(key) if policy is Policy.KEY and key else ""
-    return Layout(version, tuple(weights or [1] * shards), policy, hash_name, key_type, stripe, parsed, key or "")
+    layout = Layout(version, tuple(weights or [1] * shards), policy, hash_name, "", stripe, parsed, key or "")
+    return replace(layout, key_type=type_of(key)) if layout.needs_key and key else layout
 
 
 class DlqConfig(Strict):

@@ -6,10 +6,12 @@ on the driver (chdb) or by executor tasks (HTTP), so one scrape target covers th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Sequence
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
+
+from .delivery.context import PartitionOutcome
+from .edges.prometheus import set_per_shard
 
 ROWS_IN = Counter("chsink_rows_in_total", "Kafka records read", ["sink"])
 ROWS_INSERTED = Counter("chsink_rows_inserted_total", "Rows inserted into ClickHouse", ["sink"])
@@ -28,34 +30,21 @@ NAMES = ("chsink_rows_in_total", "chsink_rows_inserted_total", "chsink_rows_dead
          "chsink_batch_duration_seconds", "chsink_shard_stalled_partitions")
 
 
-def batch_done(sink: str, results: Iterable[dict[str, Any]], seconds: float) -> None:
+def batch_done(sink: str, results: Sequence[PartitionOutcome], seconds: float) -> None:
     for r in results:
         ROWS_IN.labels(sink).inc(r["rows"])
         ROWS_INSERTED.labels(sink).inc(r["inserted"])
         ROWS_DEAD.labels(sink).inc(r["dead"])
-        INSERTS.labels(sink).inc(r.get("inserts", 0))
-        RETRIES.labels(sink).inc(r.get("retried", 0))
+        INSERTS.labels(sink).inc(r["inserts"])
+        RETRIES.labels(sink).inc(r["retried"])
     BATCH_SECONDS.labels(sink).observe(seconds)
     stalled: dict[str, int] = {}
     for r in results:
-        if r.get("stalled"):
+        if r["stalled"]:
             stalled[r["stalled"]] = stalled.get(r["stalled"], 0) + 1
     set_per_shard(STALLED, (sink,), stalled)
-
-
-def set_per_shard(gauge: Gauge, prefix: tuple[str, ...], per_shard: dict[str, int]) -> None:
-    """Sets a gauge whose last label is the shard; shards absent now (answering again) go back to 0."""
-    for labels in list(gauge._metrics):
-        if labels[:len(prefix)] == prefix and labels[len(prefix)] not in per_shard:
-            gauge.labels(*labels).set(0)
-    for shard, n in per_shard.items():
-        gauge.labels(*prefix, shard).set(n)
 
 
 def lag(sink: str, per_partition: dict[tuple[str, int], int]) -> None:
     for (topic, partition), n in per_partition.items():
         LAG.labels(sink, topic, str(partition)).set(n)
-
-
-def serve(port: int) -> None:
-    start_http_server(port)

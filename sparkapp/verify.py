@@ -1,4 +1,4 @@
-"""The verifier (after eBay's runtime verifier, seed 003): Kafka offsets vs ClickHouse `_offset` vs the DLQ.
+"""The verifier (after eBay's runtime verifier): Kafka offsets vs ClickHouse `_offset` vs the DLQ.
 
 For every partition it reports duplicates (an offset twice in ClickHouse, twice in the DLQ, or in
 both), gaps (an offset that exists in Kafka, lies at or below what the state store says was
@@ -12,14 +12,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .clients import clickhouse_client
 from .config import SinkConfig
-from .dlq import read_dead_letters
-from .kafka_io import consumer, read_range, topic_partitions, watermarks
-from .runtime import state_store
-from .schema import load_schema
-from .state_machine import OffsetRange
-from .store import resume_positions
+from .core.state_machine import OffsetRange
+from .edges.clickhouse import clickhouse_client, load_schema
+from .edges.dlq import read_dead_letters
+from .edges.kafka import consumer, read_range, topic_partitions, watermarks
+from .edges.store import resume_positions, state_store
 
 
 @dataclass

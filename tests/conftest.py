@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.testbed import Etcd, Kafka, KubeApiServer, ZooKeeper, cached, spark_session, versions
+from hack.testbed import Etcd, Kafka, KubeApiServer, ZooKeeper, cached, spark_session, versions
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.testbed.process import REPO
+from hack.testbed.process import REPO
 
 
 def test_bench_quick_writes_json_and_chart(tmp_path):

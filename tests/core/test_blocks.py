@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkapp.blocks import build_blocks, cut_windows, dedup_token
-from sparkapp.state_machine import OffsetRange as R
+from sparkapp.core.blocks import build_blocks, cut_windows, dedup_token
+from sparkapp.core.state_machine import OffsetRange as R
 
 
 def test_token_format_is_pinned():

@@ -7,7 +7,15 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkapp.routing import HashName, assign_partitions, hash64, key_bytes, rebalance, stripe_shard, weighted_shard
+from sparkapp.core.routing import (
+    HashName,
+    assign_partitions,
+    hash64,
+    key_bytes,
+    rebalance,
+    stripe_shard,
+    weighted_shard,
+)
 
 parts = st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 40)), unique=True, max_size=60)
 weights = st.lists(st.integers(1, 5), min_size=1, max_size=6)

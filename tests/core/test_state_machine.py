@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkapp.state_machine import (
+from sparkapp.core.state_machine import (
     Case,
     IrrecoverableStateError,
     MissingPolicy,
@@ -91,7 +91,7 @@ def test_irrecoverable_names_sink_partition_and_ranges():
 
 
 def test_replay_below_is_skipped_when_asked():
-    assert plan_batch(W, S(10, 20, Phase.AFTER), [0, 3], replay_below=True) == Plan(Case.CONTAINED, skip=(R(0, 3),))
+    assert plan_batch(W, S(10, 20, Phase.AFTER), [0, 3], replay_below=True) == Plan(Case.REPLAY, skip=(R(0, 3),))
 
 
 def test_gaps_define_ranges_by_present_offsets():

@@ -20,9 +20,9 @@ from typing import Any
 import yaml
 from confluent_kafka import Producer
 
-from tests.testbed import Kafka
-from tests.testbed.process import REPO
-from tests.testbed.spark import connector_jars
+from hack.testbed import Kafka
+from hack.testbed.process import REPO
+from hack.testbed.spark import connector_jars
 
 EVENTS_TABLE = (
     "CREATE TABLE IF NOT EXISTS {db}.events (id UInt64, name LowCardinality(String), amount Decimal(12, 2), "

@@ -9,9 +9,9 @@ import sys
 import yaml
 from confluent_kafka import Consumer, Producer
 
-from sparkapp.dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON, HEADER_SINK, HEADER_TOPIC
-from tests.testbed import free_port
-from tests.testbed.process import REPO
+from hack.testbed import free_port
+from hack.testbed.process import REPO
+from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON, HEADER_SINK, HEADER_TOPIC
 
 from .harness import SinkHarness, drained_sink, event
 
@@ -160,7 +160,7 @@ def test_sigterm_finishes_the_batch_and_stops_and_metrics_are_served(tmp_path, k
     import time
     import urllib.request
 
-    from tests.testbed import free_port
+    from hack.testbed import free_port
 
     src, dlq = topic(2), topic(1)
     sink = SinkHarness(tmp_path, kafka, src, dlq, maxOffsetsPerTrigger=500)

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from hack.testbed.spark import connector_jars
 from sinkoperator.rebalance import plan, previous_config
 from sparkapp import metrics
 from sparkapp.config import SinkConfig, parse_config
-from sparkapp.job import SinkJob
-from sparkapp.runtime import state_store
+from sparkapp.edges.store import state_store
+from sparkapp.spark.job import SinkJob
 from sparkapp.verify import verify
-from tests.testbed.spark import connector_jars
 
 from .harness import EVENTS_TABLE, BackgroundProducer, event
 

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from sparkapp.store import Engine, StateStore
-from tests.testbed.process import REPO
+from hack.testbed.process import REPO
+from sparkapp.config import Engine
+from sparkapp.edges.store import StateStore
 
 _seq = itertools.count()
 

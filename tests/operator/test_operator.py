@@ -13,8 +13,8 @@ import pytest
 import yaml
 from kazoo.client import KazooClient
 
-from sparkapp.state_machine import OffsetRange
-from sparkapp.store import PartitionKey
+from sparkapp.core.state_machine import OffsetRange
+from sparkapp.edges.store import PartitionKey
 
 _seq = itertools.count()
 
@@ -135,7 +135,7 @@ def test_invalid_spec_sets_degraded_naming_the_field(sink):
 
 
 def test_removed_topic_state_is_cleaned_after_fencing_the_job(sink):
-    from sparkapp.store import FencedError
+    from sparkapp.edges.store import FencedError
 
     keep, drop = sink["topic"], sink["new_topic"]()
     sid = f"default.{sink['name']}"
@@ -168,8 +168,8 @@ def test_entry_point_serves_liveness(chsink_crds, tmp_path):
     import subprocess
     import urllib.request
 
-    from tests.testbed import free_port
-    from tests.testbed.process import REPO
+    from hack.testbed import free_port
+    from hack.testbed.process import REPO
 
     port, mport = free_port(), free_port()
     env = dict(os.environ, KUBECONFIG=str(chsink_crds.kubeconfig))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from hack.testbed.process import REPO
 from tests.packaging.test_chart import NS, template
-from tests.testbed.process import REPO
 
 from .conftest import kopf_runner
 from .test_operator import wait_for

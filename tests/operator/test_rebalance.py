@@ -14,8 +14,8 @@ import sys
 import yaml
 
 from sparkapp.config import parse_config
-from sparkapp.state_machine import OffsetRange
-from sparkapp.store import PartitionKey
+from sparkapp.core.state_machine import OffsetRange
+from sparkapp.edges.store import PartitionKey
 
 from .test_operator import app_of, get, wait_for
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.testbed.process import REPO, cached, versions
+from hack.testbed.process import REPO, cached, versions
 
 CHART = REPO / "charts" / "chsink"
 VALUES = sorted((REPO / "examples" / "helm").glob("*.yaml"))

@@ -9,7 +9,7 @@ from prometheus_client import REGISTRY
 
 import sinkoperator.metrics  # noqa: F401  (registers the operator's metrics)
 import sparkapp.metrics  # noqa: F401  (registers the job's metrics)
-from tests.testbed.process import REPO
+from hack.testbed.process import REPO
 
 DASHBOARD = REPO / "charts" / "chsink" / "dashboards" / "chsink.json"
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.testbed.process import REPO
+from hack.testbed.process import REPO
 
 
 def test_dockerfile_is_hadolint_clean():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from tests.testbed.process import REPO
+from hack.testbed.process import REPO
 
 KIND = REPO / "tests" / "e2e" / "kind"
 

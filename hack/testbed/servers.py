@@ -1,0 +1,262 @@
+"""The real servers of the test bed: ZooKeeper, Kafka (KRaft), etcd and kube-apiserver."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import urllib.request
+import uuid
+from pathlib import Path
+
+from .process import ManagedProcess, TestbedError, cached, free_port, versions
+
+ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if not java:
+        raise TestbedError("java not found on PATH: run `make setup`")
+    return java
+
+
+class ZooKeeper(ManagedProcess):
+    """Debian's ZooKeeper, standalone, answering the `ruok` four-letter word."""
+
+    name = "zookeeper"
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        super().__init__(workdir)
+        self.port = port or free_port()
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def prepare(self) -> None:
+        if not ZOOKEEPER_JAR.exists():
+            raise TestbedError(f"zookeeper: {ZOOKEEPER_JAR} missing (Debian package `zookeeper`): run `make setup`")
+        conf = self.workdir / "conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "zoo.cfg").write_text(
+            f"tickTime=500\ndataDir={self.workdir / 'data'}\nclientPort={self.port}\n"
+            "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
+            "4lw.commands.whitelist=ruok,srvr\nmaxSessionTimeout=60000\n"
+        )
+
+    def command(self) -> list[str]:
+        return [_java(), "-Xmx256m", "-cp", f"{self.workdir / 'conf'}:{ZOOKEEPER_JAR}",
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.workdir / "conf" / "zoo.cfg")]
+
+    def ready(self) -> bool:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+            s.sendall(b"ruok")
+            return s.recv(16) == b"imok"
+
+    def clickhouse_config(self, path: Path, prefix: str = "/chsink_keeper_map") -> Path:
+        """A ClickHouse config that points chdb's Keeper client at this server.
+
+        chdb's server UUID is all zeros, so two chdb processes on one ZooKeeper would collide on
+        /clickhouse/sessions/zookeeper/<uuid>: every config file gets its own sessions_path.
+        """
+        path.write_text(
+            "<clickhouse>\n"
+            f"  <zookeeper><node><host>127.0.0.1</host><port>{self.port}</port></node>"
+            f"<sessions_path>/clickhouse/sessions-{uuid.uuid4().hex[:12]}</sessions_path>"
+            "<session_timeout_ms>15000</session_timeout_ms><operation_timeout_ms>10000</operation_timeout_ms>"
+            "</zookeeper>\n"
+            f"  <keeper_map_path_prefix>{prefix}</keeper_map_path_prefix>\n"
+            "</clickhouse>\n"
+        )
+        return path
+
+
+class Kafka(ManagedProcess):
+    """Apache Kafka 4.x, single combined broker+controller in KRaft mode, from Maven jars."""
+
+    name = "kafka"
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        super().__init__(workdir)
+        self.port = port or free_port()
+        self.controller_port = free_port()
+        v = versions()
+        self.jars = cached(f"kafka-{v['KAFKA_VERSION']}-r2")
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _classpath(self) -> str:
+        return f"{self.jars}/*"
+
+    def prepare(self) -> None:
+        props = self.workdir / "server.properties"
+        props.write_text(
+            "process.roles=broker,controller\nnode.id=1\n"
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}\n"
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}\n"
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}\n"
+            "controller.listener.names=CONTROLLER\n"
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n"
+            f"log.dirs={self.workdir / 'data'}\n"
+            "offsets.topic.replication.factor=1\noffsets.topic.num.partitions=4\n"
+            "transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n"
+            "group.initial.rebalance.delay.ms=0\nnum.partitions=1\nauto.create.topics.enable=false\n"
+            "message.max.bytes=2097152\nlog.flush.interval.messages=1000000\n"
+        )
+        (self.workdir / "log4j2.yaml").write_text(
+            "Configuration:\n  Appenders:\n    Console:\n      name: STDOUT\n"
+            "      PatternLayout:\n        Pattern: \"[%d] %p %m (%c)%n\"\n"
+            "  Loggers:\n    Root:\n      level: WARN\n      AppenderRef:\n        - ref: STDOUT\n"
+            "    Logger:\n      - name: kafka.server.KafkaRaftServer\n        level: INFO\n"
+        )
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        fmt = subprocess.run(
+            [_java(), "-cp", self._classpath(), f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.yaml'}",
+             "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)],  # may start with "-"
+            capture_output=True, text=True, timeout=120,
+        )
+        if fmt.returncode != 0:
+            raise TestbedError(f"kafka: storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
+
+    def command(self) -> list[str]:
+        return [_java(), "-Xmx768m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+                f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.yaml'}",
+                "-cp", self._classpath(), "kafka.Kafka", str(self.workdir / "server.properties")]
+
+    def ready(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        md = admin.list_topics(timeout=2)
+        return len(md.brokers) == 1
+
+    def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+        from confluent_kafka.admin import (
+            AdminClient,
+            NewTopic,  # type: ignore[attr-defined]
+        )
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        fut = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])[name]
+        fut.result(30)
+        self.wait_until(lambda: len(admin.list_topics(name, timeout=5).topics[name].partitions) == partitions,
+                        30, f"topic {name} visible")
+
+    def add_partitions(self, name: str, total: int) -> None:
+        from confluent_kafka.admin import (
+            AdminClient,
+            NewPartitions,  # type: ignore[attr-defined]
+        )
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create_partitions([NewPartitions(name, total)])[name].result(30)
+
+
+class Etcd(ManagedProcess):
+    """etcd built from its Go module, the Kubernetes API server's storage."""
+
+    name = "etcd"
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
+        self.port = free_port()
+        self.peer_port = free_port()
+        self.binary = cached(f"etcd-{versions()['ETCD_VERSION']}") / "bin" / "etcd"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        return [str(self.binary), "--data-dir", str(self.workdir / "data"), "--listen-client-urls", self.url,
+                "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}",
+                "--unsafe-no-fsync", "--log-level", "warn", "--quota-backend-bytes", str(2 << 30)]
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+            return b'"health":"true"' in r.read()
+
+
+class KubeApiServer(ManagedProcess):
+    """kube-apiserver built from the k8s.io/kubernetes Go module, envtest style, with RBAC on."""
+
+    name = "kube-apiserver"
+    admin_token = "chsink-admin-token"
+
+    def __init__(self, workdir: Path, etcd: Etcd) -> None:
+        super().__init__(workdir)
+        self.etcd = etcd
+        self.port = free_port()
+        self.bindir = cached(f"k8s-{versions()['K8S_VERSION']}") / "bin"
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def kubectl(self) -> str:
+        return str(self.bindir / "kubectl")
+
+    def prepare(self) -> None:
+        key = self.workdir / "sa.key"
+        if not key.exists():
+            subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
+            subprocess.run(["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(self.workdir / "sa.pub")],
+                           check=True, capture_output=True)
+        (self.workdir / "tokens.csv").write_text(f'{self.admin_token},chsink-admin,1,"system:masters"\n')
+        self.kubeconfig.write_text(self.kubeconfig_text(self.admin_token, "admin"))
+
+    def command(self) -> list[str]:
+        return [
+            str(self.bindir / "kube-apiserver"), f"--etcd-servers={self.etcd.url}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--cert-dir={self.workdir / 'certs'}", f"--token-auth-file={self.workdir / 'tokens.csv'}",
+            "--authorization-mode=RBAC", "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+            f"--service-account-key-file={self.workdir / 'sa.pub'}",
+            f"--service-account-signing-key-file={self.workdir / 'sa.key'}",
+            "--service-account-issuer=https://chsink.testbed", "--disable-admission-plugins=ServiceAccount",
+            "--enable-priority-and-fairness=false", "--watch-cache=true", "--v=0",
+        ]
+
+    def ready(self) -> bool:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        req = urllib.request.Request(f"{self.url}/readyz", headers={"Authorization": f"Bearer {self.admin_token}"})
+        with urllib.request.urlopen(req, timeout=3, context=ctx) as r:
+            return bool(r.read().strip() == b"ok")
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    def kubeconfig_text(self, token: str, user: str) -> str:
+        return (
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n"
+            f"    server: {self.url}\n    insecure-skip-tls-verify: true\n"
+            f"users:\n- name: {user}\n  user:\n    token: {token}\n"
+            f"contexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: {user}\n"
+            "current-context: testbed\n"
+        )
+
+    def wait_crd(self, name: str, timeout: float = 60.0) -> None:
+        """Waits until a CRD is Established (kubectl wait fails while .status is still empty)."""
+        path = '{.status.conditions[?(@.type=="Established")].status}'
+        self.wait_until(lambda: self.run_kubectl("get", "crd", name, "-o", f"jsonpath={path}").stdout == "True",
+                        timeout, f"CRD {name} established")
+
+    def run_kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                    kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, KUBECONFIG=str(kubeconfig or self.kubeconfig))
+        res = subprocess.run([self.kubectl, *args], input=input, capture_output=True, text=True, env=env, timeout=120)
+        if check and res.returncode != 0:
+            raise TestbedError(f"kubectl {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+        return res

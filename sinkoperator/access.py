@@ -1,0 +1,30 @@
+"""The operator's own access to a sink's systems: its config with Secrets bound in memory, its state store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sparkapp.config import SinkConfig
+from sparkapp.edges.clickhouse import clickhouse_client
+from sparkapp.edges.store import StateStore, state_store
+
+from .kube import secret_values
+from .render import secret_env_vars, sink_config
+
+
+def operator_config(namespace: str, name: str, spec: dict[str, Any],
+                    status: Mapping[str, Any] | None = None) -> SinkConfig:
+    """The sink's config with its Secrets bound in memory, for the operator's own state-store and Kafka calls."""
+    cfg = sink_config(namespace, name, spec, status)
+    values = secret_values(namespace, secret_env_vars(spec))
+    for ref in (cfg.clickhouse.password, *cfg.kafka.secret_options.values()):
+        if ref is not None and ref.env in values:
+            ref.bind(values[ref.env])
+    return cfg
+
+
+def open_store(cfg: SinkConfig) -> StateStore:
+    store = state_store(cfg, clickhouse_client(cfg.clickhouse))
+    store.ensure_schema()
+    return store

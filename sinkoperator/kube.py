@@ -1,0 +1,117 @@
+"""The operator's Kubernetes API calls for the objects it owns (ConfigMap, SparkApplication) and the
+Secrets a sink names. Status is written by status.py alone."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import kopf
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .spec import HASH_ANNOTATION, SPARK
+
+
+def get_app(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        app = client.CustomObjectsApi().get_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name)
+        return app if isinstance(app, dict) else None
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def app_state(app: dict[str, Any] | None) -> str:
+    """The SparkApplication's state as the spark-operator reports it ("" when unknown)."""
+    return str(((app or {}).get("status") or {}).get("applicationState", {}).get("state", ""))
+
+
+def apply_configmap(cm: dict[str, Any]) -> str:
+    core = client.CoreV1Api()
+    ns, name = cm["metadata"]["namespace"], cm["metadata"]["name"]
+    try:
+        current = core.read_namespaced_config_map(name, ns)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        core.create_namespaced_config_map(ns, cm)  # type: ignore[arg-type]
+        return "created"
+    if (current.data or {}) == cm["data"]:
+        return "unchanged"
+    core.patch_namespaced_config_map(name, ns, {"data": cm["data"]})
+    return "patched"
+
+
+def apply_app(app: dict[str, Any]) -> str:
+    """Creates the SparkApplication, or patches it only when the spec hash changed."""
+    api = client.CustomObjectsApi()
+    ns, name = app["metadata"]["namespace"], app["metadata"]["name"]
+    current = get_app(ns, name)
+    if current is None:
+        api.create_namespaced_custom_object(*SPARK[:2], ns, SPARK[2], app)
+        return "created"
+    if (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == app["metadata"]["annotations"][
+            HASH_ANNOTATION]:
+        return "unchanged"
+    api.patch_namespaced_custom_object(*SPARK[:2], ns, SPARK[2], name,
+                                       {"metadata": {"annotations": app["metadata"]["annotations"]},
+                                        "spec": app["spec"]})
+    return "patched"
+
+
+def delete_app(namespace: str, name: str, wait_s: float = 0) -> bool:
+    """Deletes the SparkApplication; with wait_s, waits (bounded) until it is gone."""
+    try:
+        client.CustomObjectsApi().delete_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
+    deadline = time.monotonic() + wait_s
+    while wait_s and get_app(namespace, name) is not None:
+        if time.monotonic() > deadline:
+            raise kopf.TemporaryError(f"SparkApplication {name} still exists after {wait_s:.0f}s", delay=10)
+        time.sleep(0.5)
+    return True
+
+
+def secret_values(namespace: str, refs: list[dict[str, Any]]) -> dict[str, str]:
+    """Env name -> value for secretKeyRef env vars, read with `get` on exactly the Secrets they name."""
+    core = client.CoreV1Api()
+    secrets: dict[str, dict[str, Any]] = {}
+    out: dict[str, str] = {}
+    for var in refs:
+        ref = var["valueFrom"]["secretKeyRef"]
+        if ref["name"] not in secrets:
+            try:
+                secrets[ref["name"]] = core.read_namespaced_secret(ref["name"], namespace).data or {}
+            except ApiException as e:
+                raise kopf.TemporaryError(f"cannot read Secret {namespace}/{ref['name']} named by the sink: "
+                                          f"{e.status} {e.reason}", delay=30) from None
+        data = secrets[ref["name"]]
+        if ref["key"] not in data:
+            raise kopf.TemporaryError(f"Secret {namespace}/{ref['name']} has no key {ref['key']!r} "
+                                      f"(needed for {var['name']})", delay=30)
+        out[var["name"]] = base64.b64decode(data[ref["key"]]).decode()
+    return out
+
+
+def upsert_status_object(group_version: tuple[str, str], namespace: str, plural: str, obj: dict[str, Any]) -> None:
+    """Creates a namespaced custom object, or patches its status when it exists."""
+    api = client.CustomObjectsApi()
+    try:
+        api.create_namespaced_custom_object(*group_version, namespace, plural, obj)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        api.patch_namespaced_custom_object(*group_version, namespace, plural, obj["metadata"]["name"],
+                                           {"status": obj["status"]})
+
+
+def patch_status(group_version: tuple[str, str], namespace: str, plural: str, name: str,
+                 status: dict[str, Any]) -> None:
+    client.CustomObjectsApi().patch_namespaced_custom_object_status(*group_version, namespace, plural, name,
+                                                                    {"status": status})

@@ -1,0 +1,212 @@
+"""Shard routing, pure: which shard a record or a whole partition goes to.
+
+Three policies, and every decision that depends on the policy is a method of Layout:
+- `partition`: every Kafka partition goes to one shard through an assignment that is recorded with
+  the partition's state, so a retry always reaches the shard the first attempt reached;
+- `key`: a hash of one column, computed exactly as ClickHouse computes `xxHash64(col)` or
+  `cityHash64(col)`, then weighted like a Distributed table: slot = hash % sum(weights), and the
+  shard is the one whose cumulative weight first exceeds the slot;
+- `offsetStripe`: clickhouse_sinker's `(offset / stripe) % shards`.
+A new policy is a Policy member plus its branches in Layout (and its test).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Policy(enum.Enum):
+    PARTITION = "partition"
+    KEY = "key"
+    OFFSET_STRIPE = "offsetStripe"
+
+
+DEFAULT_STRIPE = 10_000  # offsets per stripe (policy offsetStripe)
+
+
+class HashName(enum.Enum):
+    XXHASH64 = "xxHash64"
+    CITYHASH64 = "cityHash64"
+
+
+def key_bytes(value: Any, type_name: str) -> bytes:
+    """The bytes ClickHouse hashes for a value of the key column: UTF-8 for strings, little-endian for
+    fixed-width integers (the column's own width)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    widths = {"Int8": "<b", "UInt8": "<B", "Int16": "<h", "UInt16": "<H", "Int32": "<i", "UInt32": "<I",
+              "Int64": "<q", "UInt64": "<Q"}
+    if isinstance(value, int) and type_name in widths:
+        return struct.pack(widths[type_name], value)
+    raise ValueError(f"cannot hash a {type(value).__name__} of type {type_name} as ClickHouse does")
+
+
+def _int_hash64(x: int) -> int:
+    """ClickHouse's intHash64 (MurmurHash3's fmix64); its cityHash64 applies it to numbers, salted."""
+    m = (1 << 64) - 1
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & m
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & m
+    x ^= x >> 33
+    return x
+
+
+def hash64(name: HashName, data: bytes, numeric: bool = False) -> int:
+    """The 64-bit hash ClickHouse computes: over the bytes, or, for cityHash64 of a number, intHash64 of
+    the value's bytes widened to 64 bits with zeros (as ClickHouse's bit_cast does)."""
+    if name is HashName.CITYHASH64 and numeric:
+        return _int_hash64(int.from_bytes(data.ljust(8, b"\0"), "little") ^ 0x4CF2D2BAAE6DA887)
+    if name is HashName.XXHASH64:
+        import xxhash
+
+        return int(xxhash.xxh64_intdigest(data))
+    from clickhouse_cityhash.cityhash import CityHash64
+
+    return int(CityHash64(data))
+
+
+def weighted_shard(h: int, weights: Sequence[int]) -> int:
+    """The shard of a hash under Distributed-style weights."""
+    slot = h % sum(weights)
+    for shard, bound in enumerate(itertools.accumulate(weights)):
+        if slot < bound:
+            return shard
+    raise AssertionError("unreachable")
+
+
+def stripe_shard(offset: int, stripe: int, shards: int) -> int:
+    return (offset // stripe) % shards
+
+
+HASHABLE_KEY_TYPES = ("String", "Int8", "UInt8", "Int16", "UInt16", "Int32", "UInt32", "Int64",
+                      "UInt64")
+
+
+def key_type_ok(type_name: str) -> bool:
+    """Whether a key column's ClickHouse type is one whose hash chsink computes exactly as ClickHouse does."""
+    base = type_name.removeprefix("LowCardinality(").removesuffix(")") if type_name.startswith("LowCardinality(") \
+        else type_name
+    return base.split("(")[0] in HASHABLE_KEY_TYPES
+
+
+def parse_assignment(assignment: Mapping[str, int]) -> dict[tuple[str, int], int]:
+    """'topic/partition' -> shard (as configs and status hold it) to (topic, partition) -> shard."""
+    out = {}
+    for tp, shard in assignment.items():
+        topic, _, partition = tp.rpartition("/")
+        if not topic or not partition.isdigit():
+            raise ValueError(f"assignment key {tp!r} is not 'topic/partition'")
+        out[(topic, int(partition))] = int(shard)
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One shard layout version: how many shards, their weights and the routing policy over them.
+
+    Every state row records the layout its range was sent under, so a retry is routed by the same
+    layout even after the sink moved to a newer one.
+    """
+
+    version: int
+    weights: tuple[int, ...]
+    policy: Policy = Policy.PARTITION
+    hash: HashName = HashName.XXHASH64
+    key_type: str = ""  # the ClickHouse type of the key column (policy key)
+    stripe: int = DEFAULT_STRIPE
+    assignment: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    key: str = ""  # the key column (policy key)
+
+    @property
+    def shards(self) -> int:
+        return len(self.weights)
+
+    def partition_shard(self, topic: str, partition: int) -> int:
+        """policy partition: the recorded assignment, else a stable weighted hash of the partition's name."""
+        if (topic, partition) in self.assignment:
+            return self.assignment[(topic, partition)]
+        return weighted_shard(hash64(HashName.XXHASH64, f"{topic}/{partition}".encode()), self.weights)
+
+    @property
+    def per_row(self) -> bool:
+        """Whether rows of one range are spread over shards (sub-blocks), not the whole partition to one."""
+        return self.policy is not Policy.PARTITION
+
+    @property
+    def needs_key(self) -> bool:
+        """Whether routing reads a column of each record (so records must be decoded in Python)."""
+        return self.policy is Policy.KEY
+
+    def range_shard(self, topic: str, partition: int) -> int:
+        """The shard a new range's state row records: the partition's own shard, or 0 when rows are spread."""
+        return 0 if self.per_row else self.partition_shard(topic, partition)
+
+    def shards_of(self, shard: int) -> list[int]:
+        """The shards a range recorded with `shard` touches: that one, or all of them when rows are spread."""
+        return list(range(self.shards)) if self.per_row else [shard]
+
+    def row_shards(self, offsets: Sequence[int], keys: Sequence[Any] | None = None) -> list[int]:
+        """policy key / offsetStripe: the shard of each row (keys: the key column's values, in row order)."""
+        if self.policy is Policy.OFFSET_STRIPE:
+            return [stripe_shard(o, self.stripe, self.shards) for o in offsets]
+        if self.policy is Policy.KEY:
+            assert keys is not None
+            base = self.key_type.removeprefix("LowCardinality(").split("(")[0].rstrip(")")
+            numeric = "Int" in base
+            return [weighted_shard(hash64(self.hash, key_bytes(k, base), numeric), self.weights) for k in keys]
+        raise ValueError("row_shards applies to policies key and offsetStripe")
+
+
+@dataclass(frozen=True)
+class Move:
+    """One line of a rebalance plan: partition -> old shard -> new shard."""
+
+    topic: str
+    partition: int
+    old: int | None
+    new: int
+
+
+def assign_partitions(partitions: Iterable[tuple[str, int]], weights: Sequence[int],
+                      current: Mapping[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
+    """A stable assignment: partitions keep a shard that still exists; the others (new partitions, or
+    those of removed shards) go, in order, to the shard with the lowest load per unit of weight."""
+    current = current or {}
+    out = {tp: s for tp, s in current.items() if s < len(weights)}
+    load = [0] * len(weights)
+    for tp in sorted(partitions):
+        if tp in out:
+            load[out[tp]] += 1
+    for tp in sorted(partitions):
+        if tp not in out:
+            shard = min(range(len(weights)), key=lambda s: ((load[s] + 1) / weights[s], s))
+            out[tp] = shard
+            load[shard] += 1
+    return {tp: out[tp] for tp in sorted(partitions)}
+
+
+def rebalance(partitions: Iterable[tuple[str, int]], weights: Sequence[int],
+              current: Mapping[tuple[str, int], int]) -> tuple[dict[tuple[str, int], int], list[Move]]:
+    """The new assignment for new weights (shards added or removed) and the plan of moves: as few as
+    keep every shard within one partition of its weighted share."""
+    parts = sorted(partitions)
+    target = {s: len(parts) * w / sum(weights) for s, w in enumerate(weights)}
+    kept = {tp: s for tp, s in current.items() if tp in set(parts) and s < len(weights)}
+    by_shard: dict[int, list[tuple[str, int]]] = {s: [] for s in range(len(weights))}
+    for tp, s in sorted(kept.items()):
+        by_shard[s].append(tp)
+    for s, tps in by_shard.items():  # shed the surplus of overfull shards (highest partitions first)
+        while len(tps) > math.ceil(target[s] - 1e-9):
+            kept.pop(tps.pop())
+    new = assign_partitions(parts, weights, kept)
+    moves = [Move(t, p, current.get((t, p)), s) for (t, p), s in new.items() if current.get((t, p)) != s]
+    return new, moves

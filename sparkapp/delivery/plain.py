@@ -1,0 +1,57 @@
+"""At-least-once delivery, the benchmark's baseline: the same decoding and blocks as writer.py, but no
+state transitions, no tokens and no recovery. It exists to measure what exactly-once costs; a config
+selects it with `state.enabled: false`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..core.blocks import LineBlock, build_blocks, payload
+from ..core.records import DeadLetter, Message
+from ..core.state_machine import Case, OffsetRange
+from ..edges.insert import InsertError
+from ..edges.store import PartitionKey
+from ..formats.jsoneachrow import LineBatch
+from ..formats.rows import decode_batch
+from .context import PartitionResult, WriterContext, ordered, require_dlq
+
+
+def _send_dead(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> None:
+    if dead:
+        require_dlq(ctx, pk, dead).send(pk.sink, dead)
+
+
+def write_plain(ctx: WriterContext, pk: PartitionKey, msgs: list[Message]) -> PartitionResult:
+    """Decoded records, inserted without tokens; dead letters sent as they come."""
+    result = PartitionResult(pk, Case.NEW)
+    if not msgs:
+        return result
+    rows, dead = decode_batch(ctx.decode, msgs)
+    _send_dead(ctx, pk, list(dead))
+    result.dead_lettered = len(dead)
+    rng = OffsetRange(msgs[0].offset, msgs[-1].offset)
+    for block in build_blocks(rng, rows, ctx.inserter.schema.names, ctx.block_offsets, lambda w: ""):
+        ctx.inserter.insert(block)
+        result.inserted_rows += block.rows
+    return result
+
+
+def write_plain_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
+                      known_dead: Sequence[DeadLetter] = ()) -> PartitionResult:
+    """JSON lines parsed by ClickHouse; from a window it rejects on, the records are decoded in Python."""
+    result = PartitionResult(pk, Case.NEW)
+    _send_dead(ctx, pk, list(known_dead))
+    result.dead_lettered = len(known_dead)
+    rng = OffsetRange(batch.offsets[0], batch.offsets[-1])
+    for w, offsets, lines in batch.windows(rng, ctx.block_offsets):
+        try:
+            ctx.inserter.insert(LineBlock(w, "", payload(lines), offsets, lines))
+            result.inserted_rows += len(offsets)
+        except InsertError:
+            sent = {d.message.offset for d in known_dead}
+            rest = [m for m in ordered(batch.messages()) if m.offset >= w.min and m.offset not in sent]
+            done = write_plain(ctx, pk, rest)
+            result.inserted_rows += done.inserted_rows
+            result.dead_lettered += done.dead_lettered
+            break
+    return result

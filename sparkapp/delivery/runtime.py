@@ -1,0 +1,221 @@
+"""Everything one process needs to deliver partitions: clients, state store, routing, writer contexts.
+
+Built once per process and epoch: on the driver for chdb DSNs (one engine per process), on each
+executor for HTTP DSNs. The code that runs is the same in both places.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import ConfigError, SinkConfig
+from ..core.records import Message
+from ..core.routing import key_type_ok
+from ..core.state_machine import OffsetRange
+from ..edges.clickhouse import clickhouse_client, load_schema, redact_dsn
+from ..edges.dlq import KafkaDeadLetterSink
+from ..edges.insert import Inserter
+from ..edges.kafka import read_range
+from ..edges.shards import Health, ShardSet
+from ..edges.store import PartitionKey, StateStore, resume_positions, state_store
+from ..formats.jsoneachrow import LineBatch, eligible
+from ..formats.registry import Format, make_decoder
+from ..formats.rows import DecodeError, Decoder
+from ..formats.schema import SchemaError, TableSchema
+from .context import PartitionResult, Refetch, WriterContext
+from .writer import write_lines, write_partition
+
+log = logging.getLogger(__name__)
+UNROUTABLE = "__unroutable__"
+
+
+def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Where each partition resumes when there is no checkpoint: AFTER -> max+1, BEFORE -> min.
+
+    With several tables per partition the slowest table decides; the others skip what they have.
+    Partitions without state start at the earliest offset (-2).
+    """
+    resume = resume_positions(store.list_sink(sink))
+    return {t: {str(p): resume.get((t, p), -2) for p in range(n)} for t, n in partitions.items()}
+
+
+@dataclass
+class Runtime:
+    cfg: SinkConfig
+    epoch: int
+    client: Any
+    store: StateStore
+    dlq: KafkaDeadLetterSink | None
+    contexts: dict[str, WriterContext] = field(default_factory=dict)
+    missing_tables: dict[str, str] = field(default_factory=dict)
+    fast: dict[str, WriterContext | None] = field(default_factory=dict)  # per topic, see fast_context
+    health: Health = field(init=False)  # shared by every table's shards: one physical shard, one health
+
+    def __post_init__(self) -> None:
+        self.health = Health(self.cfg.name)
+
+    @classmethod
+    def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:
+        client = clickhouse_client(cfg.clickhouse)
+        dlq = KafkaDeadLetterSink(cfg.dlq.topic, cfg.kafka.client_options()) if cfg.dlq.topic else None
+        return cls(cfg, epoch, client, state_store(cfg, client), dlq)
+
+    # ---- table routing (tableField / tableHeader) ----------------------------------------------
+
+    def by_table(self, topic: str, messages: Sequence[Message]) -> tuple[dict[str, list[Message]], dict[int, str]]:
+        """Splits a partition's messages by target table; records with no usable table get a reason."""
+        ch = self.cfg.clickhouse
+        default = ch.table_for(topic)
+        if not ch.routed:
+            assert default is not None
+            return {default: list(messages)}, {}
+        groups: dict[str, list[Message]] = {}
+        reasons: dict[int, str] = {}
+        for m in messages:
+            table, why = self._table_of(m, default)
+            if table is None:
+                reasons[m.offset] = f"{why} (at {m.where})"
+                groups.setdefault(UNROUTABLE, []).append(m)
+            else:
+                groups.setdefault(table, []).append(m)
+        return groups, reasons
+
+    def _table_of(self, m: Message, default: str | None) -> tuple[str | None, str]:
+        ch = self.cfg.clickhouse
+        name: Any = None
+        if ch.table_header:
+            name = next((v.decode(errors="replace") for k, v in m.headers if k == ch.table_header), None)
+        elif ch.table_field and m.value is not None:
+            try:
+                rec = json.loads(m.value)
+                name = rec.get(ch.table_field) if isinstance(rec, dict) else None
+            except ValueError:
+                return None, "malformed JSON: cannot read the routing field"
+        name = name or default
+        if not isinstance(name, str) or not name:
+            return None, f"no target table: field/header {ch.table_field or ch.table_header!r} missing"
+        if self._context(name) is None:
+            return None, f"unknown target table {name!r}: {self.missing_tables[name]}"
+        return name, ""
+
+    # ---- writing ------------------------------------------------------------------------------
+
+    def _context(self, table: str) -> WriterContext | None:
+        if table in self.contexts:
+            return self.contexts[table]
+        if table in self.missing_tables:
+            return None
+        try:
+            schema = load_schema(self.client, self.cfg.clickhouse.shard_database(0), table)
+        except SchemaError as e:
+            self.missing_tables[table] = str(e)
+            return None
+        decoder = make_decoder(self.cfg.format.decoder_spec(), schema)
+        self.contexts[table] = self._make_context(table, schema, decoder)
+        return self.contexts[table]
+
+    def _make_context(self, table: str, schema: TableSchema, decoder: Decoder) -> WriterContext:
+        inserter = self._new_inserter(self.client, schema)
+        return WriterContext(
+            self.cfg.name, self.store, inserter, decoder,
+            self.epoch, self.cfg.batching.block_offsets, self.dlq, refetch=None,
+            replay_below=self.cfg.clickhouse.routed,
+            exactly_once=self.cfg.state.enabled,
+            shards=self._shard_set(table, schema) if table != UNROUTABLE else None,
+        )
+
+    def _new_inserter(self, client: Any, schema: TableSchema) -> Inserter:
+        return Inserter(client, schema, self.cfg.clickhouse.settings,
+                        skip_unknown_fields=self.cfg.format.unknown_fields == "ignore")
+
+    # ---- shards -------------------------------------------------------------------------------
+
+    def _shard_set(self, table: str, schema: TableSchema) -> ShardSet:
+        """The table's shards: an inserter per (layout, shard), built on first use, each checked to hold a
+        table with the columns of the first shard's."""
+        sh = self.cfg.sharding
+
+        def type_of(key: str) -> str:
+            col = next((c for c in schema.columns if c.name == key), None)
+            if col is None or col.default_kind in ("MATERIALIZED", "ALIAS", "EPHEMERAL"):
+                raise ConfigError(f"sharding.key: table {schema.fqn} has no insertable column {key!r}")
+            if not key_type_ok(str(col.type)):
+                raise ConfigError(f"sharding.key: column {key!r} of {schema.fqn} is {col.type}; chsink hashes "
+                                  "String and (U)Int8..64 keys exactly as ClickHouse does, not this type")
+            return str(col.type)
+
+        def make(layout: int, shard: int) -> Inserter:
+            endpoint, database = self.cfg.shard_target(layout, shard)
+            client = self.client if endpoint == self.cfg.clickhouse.endpoints[0] else \
+                clickhouse_client(self.cfg.clickhouse, endpoint)
+            try:
+                other = load_schema(client, database, table)
+            except SchemaError as e:
+                raise ConfigError(f"clickhouse shard {shard} (layout v{layout}): {e}") from None
+            if other.names != schema.names:
+                raise ConfigError(f"clickhouse shard {shard} (layout v{layout}): table {other.fqn} has columns "
+                                  f"{list(other.names)}, unlike {schema.fqn} {list(schema.names)}")
+            return self._new_inserter(client, other)
+
+        def label(layout: int, shard: int) -> str:
+            endpoint, database = self.cfg.shard_target(layout, shard)
+            return f"{redact_dsn(endpoint)}#{database}"
+
+        return ShardSet(self.cfg.layouts(type_of), sh.layout, make, label, self.health)
+
+    def fast_context(self, topic: str) -> WriterContext | None:
+        """The writer context of the topic's table when it can take the fast path (ClickHouse parses JSON)."""
+        if topic not in self.fast:
+            ch, fmt = self.cfg.clickhouse, self.cfg.format
+            table = ch.table_for(topic)
+            key_routed = any(lay.needs_key for lay in self.cfg.layouts().values())
+            ctx = None if ch.routed or table is None or fmt.type is not Format.JSON or fmt.parser != "clickhouse" \
+                or key_routed else self._context(table)
+            self.fast[topic] = ctx if ctx is not None and eligible(ctx.inserter.schema) else None
+        return self.fast[topic]
+
+    def process_lines(self, ctx: WriterContext, topic: str, partition: int, batch: LineBatch) -> list[PartitionResult]:
+        """The fast path of process(): one table (no routing), JSON lines parsed by ClickHouse."""
+        ctx.refetch = self._refetcher(ctx.inserter.schema.table)
+        return [write_lines(ctx, PartitionKey(self.cfg.name, topic, partition, ""), batch)]
+
+    def process(self, topic: str, partition: int, messages: Sequence[Message]) -> list[PartitionResult]:
+        """Delivers one topic-partition's batch: one state transition per target table."""
+        groups, reasons = self.by_table(topic, messages)
+        results = []
+        for table, msgs in sorted(groups.items()):
+            found = self._unroutable_context(reasons) if table == UNROUTABLE else self._context(table)
+            assert found is not None
+            ctx = found
+            ctx.refetch = self._refetcher(table)
+            pk = PartitionKey(self.cfg.name, topic, partition, table if self.cfg.clickhouse.routed else "")
+            results.append(write_partition(ctx, pk, msgs))
+        return results
+
+    def catch_up(self, topic: str, partition: int, start: int | None, upto: int) -> list[PartitionResult]:
+        """Delivers a partition from `start` (where its state resumes) up to `upto`, re-read from Kafka: for a
+        partition that stalled on an unavailable shard while Spark moved on."""
+        if start is None or start > upto:
+            return []
+        return self.process(topic, partition, read_range(self.cfg.kafka, topic, partition, OffsetRange(start, upto)))
+
+    def _unroutable_context(self, reasons: dict[int, str]) -> WriterContext:
+        def reject(m: Message) -> list[Any]:
+            raise DecodeError(reasons.get(m.offset, "unroutable record").rsplit(" (at ", 1)[0])
+
+        schema = TableSchema(self.cfg.clickhouse.database, UNROUTABLE, ())
+        return self._make_context(UNROUTABLE, schema, reject)
+
+    def _refetcher(self, table: str) -> Refetch:
+        def refetch(topic: str, partition: int, rng: OffsetRange) -> list[Message]:
+            msgs = read_range(self.cfg.kafka, topic, partition, rng)
+            if not self.cfg.clickhouse.routed:
+                return msgs
+            groups, _ = self.by_table(topic, msgs)
+            return groups.get(table, [])
+
+        return refetch

@@ -1,0 +1,261 @@
+"""One partition's batch, end to end: plan, BEFORE, dead letters, identical blocks, insert, AFTER.
+
+This is the only place where the pure core (state machine, blocks, tokens, routing) and the formats
+meet the edges (state store, inserter, dead-letter sink, Kafka re-reads). The Spark job calls it once
+per topic-partition per micro-batch, on an executor (HTTP) or on the driver (chdb). The at-least-once
+baseline the benchmark compares against is plain.py, outside this protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, payload, split_block
+from ..core.records import DeadLetter, Message
+from ..core.state_machine import MissingPolicy, OffsetRange, Plan, plan_batch
+from ..edges.insert import InsertError, is_transient
+from ..edges.shards import ShardUnavailableError
+from ..edges.store import DlqPhase, FencedError, PartitionKey, StateRow
+from ..formats.jsoneachrow import LineBatch
+from ..formats.rows import decode_batch
+from .context import PartitionResult, WriterContext, ordered, require_dlq
+from .plain import write_plain, write_plain_lines
+
+log = logging.getLogger(__name__)
+
+# Where the crash tests inject faults (WriterContext.fault), in protocol order.
+STEPS = ("before_begin", "after_begin", "after_dlq_mark", "after_dlq_send", "after_dlq", "after_block",
+         "after_insert", "after_commit")
+
+
+def _policy(ctx: WriterContext, refetch: bool = True) -> MissingPolicy:
+    """What the plan does with a stored BEFORE range the batch lacks: re-read it, else dead-letter or refuse."""
+    if refetch and ctx.refetch is not None:
+        return MissingPolicy.REFETCH
+    return MissingPolicy.DEAD_LETTER if ctx.dlq else MissingPolicy.ERROR
+
+
+def _ranges(plan: Plan) -> list[tuple[OffsetRange, bool]]:
+    """The ranges to deliver, in order: the stored BEFORE range re-sent identically, then the new one."""
+    return [(r, retry) for r, retry in ((plan.retry, True), (plan.insert, False)) if r is not None]
+
+
+def _skipped(plan: Plan, offsets: Sequence[int]) -> int:
+    return sum(1 for o in offsets for r in plan.skip if o in r)
+
+
+def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Message]) -> PartitionResult:
+    """Delivers one partition's batch exactly once. Raises FencedError when a newer run took over."""
+    msgs = ordered(messages)
+    if not ctx.exactly_once:
+        return write_plain(ctx, pk, msgs)
+    row = ctx.store.load(pk, ctx.epoch)
+    stored = row.state if row else None
+    plan = plan_batch(str(pk), stored, [m.offset for m in msgs], _policy(ctx), ctx.replay_below)
+    if plan.refetch is not None and ctx.refetch is not None:
+        assert row is not None
+        _check_up(ctx, pk, row.state.layout, row.shard)  # a stalled partition waits without re-reading
+        # up to the batch: a partition that stalled on its shard skipped the batches in between
+        upto = OffsetRange(plan.refetch.min, max(plan.refetch.max, msgs[0].offset - 1) if msgs else plan.refetch.max)
+        again = ctx.refetch(pk.topic, pk.partition, upto)
+        log.info("%s: re-read stored BEFORE range %s from Kafka (%d messages)", pk, upto, len(again))
+        msgs = ordered([*again, *msgs])
+        plan = plan_batch(str(pk), stored, [m.offset for m in msgs], _policy(ctx, refetch=False), ctx.replay_below)
+    result = PartitionResult(pk, plan.case, skipped=_skipped(plan, [m.offset for m in msgs]))
+    if not (plan.retry or plan.insert or plan.dead_letter):
+        return result
+
+    rows, dead = decode_batch(ctx.decode, msgs)
+    for rng in plan.dead_letter:  # a BEFORE range this batch holds only part of: cannot be re-sent identically
+        note = "; ".join(plan.notes) or f"stored BEFORE range not reproducible ({rng})"
+        unsure = [DeadLetter(m, note) for m in msgs if m.offset in rng]
+        _dead_letter(ctx, pk, unsure)
+        result.dead_lettered += len(unsure)
+    for rng, retry in _ranges(plan):
+        place = _placement(ctx, pk, row, retry)
+        _begin(ctx, pk, rng, place)
+        _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, place)
+        _commit(ctx, pk, rng, retry, result, place)
+    return result
+
+
+def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> PartitionResult:
+    """The fast path of write_partition: same plan, windows and tokens, but ClickHouse parses the records.
+
+    Records that are not JSON objects are decoded in Python (they come as dead letters with the
+    decoder's reason); anything else unusual (a stored range to re-read, a window ClickHouse rejects)
+    takes the decoding path. Every choice depends only on the records, so a retry chooses alike.
+    """
+    if not batch.offsets:
+        return write_partition(ctx, pk, [])
+    known_dead: list[DeadLetter] = []
+    if not batch.complete:
+        rows_odd, known_dead = decode_batch(ctx.decode, batch.odd())
+        if rows_odd:  # the decoder takes a record the fast path would not: decode the whole batch
+            return write_partition(ctx, pk, batch.messages())
+    if not ctx.exactly_once:
+        return write_plain_lines(ctx, pk, batch, known_dead)
+    row = ctx.store.load(pk, ctx.epoch)
+    plan = plan_batch(str(pk), row.state if row else None, batch.offsets, _policy(ctx), ctx.replay_below)
+    if plan.refetch is not None or plan.dead_letter:
+        return write_partition(ctx, pk, batch.messages())
+    result = PartitionResult(pk, plan.case, skipped=_skipped(plan, batch.offsets))
+    for rng, retry in _ranges(plan):
+        place = _placement(ctx, pk, row, retry)
+        _begin(ctx, pk, rng, place)
+        dead_in = [d for d in known_dead if d.message.offset in rng]
+        _dead_letter(ctx, pk, dead_in)
+        result.dead_lettered += len(dead_in)
+        ctx.store.check_fence(pk, ctx.epoch)
+        for w, offsets, lines in batch.windows(rng, ctx.block_offsets):
+            block = LineBlock(w, _token(pk, w, place.shard), payload(lines), offsets, lines, place.shard)
+            try:
+                _send(ctx, pk, [block], retry, result, place)
+            except InsertError as e:
+                if isinstance(e.__cause__, Exception) and is_transient(e.__cause__):
+                    raise
+                log.warning("%s: ClickHouse rejected window %s (%s); decoding from there on in Python",
+                            pk, w, str(e.__cause__ or e).splitlines()[0][:300])
+                sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
+                msgs = [m for m in ordered(batch.messages()) if w.min <= m.offset <= rng.max and m.offset not in sent]
+                rows, dead = decode_batch(ctx.decode, msgs)
+                _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, place, since=w.min)
+                break
+        _commit(ctx, pk, rng, retry, result, place)
+    return result
+
+
+def _token(pk: PartitionKey, w: OffsetRange, shard: int) -> str:
+    return dedup_token(pk.sink, pk.topic, pk.partition, w, pk.table, shard)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a range goes: the shard layout and shard its state row records."""
+
+    layout: int
+    shard: int
+
+
+def _placement(ctx: WriterContext, pk: PartitionKey, row: StateRow | None, retry: bool) -> Placement:
+    """A re-sent BEFORE range keeps the layout and shard its row recorded, so it reaches the shard its first
+    attempt reached; a new range takes the current layout (and the shard that layout gives the partition)."""
+    if ctx.shards is None:
+        return Placement(ctx.layout, ctx.shard)
+    if retry:
+        assert row is not None
+        ctx.shards.layout(row.state.layout, str(pk))
+        return Placement(row.state.layout, row.shard)
+    lay = ctx.shards.layouts[ctx.shards.current]
+    return Placement(lay.version, lay.range_shard(pk.topic, pk.partition))
+
+
+def _check_up(ctx: WriterContext, pk: PartitionKey, layout: int, shard: int) -> None:
+    """Raises ShardUnavailableError, before any work, when a shard the range needs is known to be down."""
+    if ctx.shards is not None:
+        ctx.shards.layout(layout, str(pk))
+        for s in ctx.shards.shards_of(layout, shard):
+            ctx.shards.health.check(ctx.shards.name(layout, s))
+
+
+def _begin(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, place: Placement) -> None:
+    ctx.fault("before_begin")
+    ctx.store.begin(pk, rng, ctx.epoch, place.layout, place.shard)
+    ctx.fault("after_begin")
+
+
+def _commit(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool, result: PartitionResult,
+            place: Placement) -> None:
+    ctx.fault("after_insert")
+    ctx.store.commit(pk, rng, ctx.epoch, place.layout, place.shard)
+    ctx.fault("after_commit")
+    result.committed = rng
+    if retry:
+        result.retried = rng
+
+
+def _deliver_decoded(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool,
+                     rows: Sequence[tuple[int, Sequence[Any]]], dead: Sequence[DeadLetter], result: PartitionResult,
+                     place: Placement, since: int | None = None) -> None:
+    """Dead letters, then decoded blocks, of `rng` (from offset `since` on, when the windows below are sent)."""
+    lo = rng.min if since is None else since
+    dead_in = [d for d in dead if lo <= d.message.offset <= rng.max]
+    _dead_letter(ctx, pk, dead_in)
+    result.dead_lettered += len(dead_in)
+    blocks = build_blocks(rng, [r for r in rows if lo <= r[0] <= rng.max], ctx.inserter.schema.names,
+                          ctx.block_offsets, lambda w: _token(pk, w, place.shard), place.shard)
+    ctx.store.check_fence(pk, ctx.epoch)
+    _send(ctx, pk, blocks, retry, result, place)
+
+
+def _split(ctx: WriterContext, pk: PartitionKey, block: Block | LineBlock,
+           place: Placement) -> list[tuple[int, Block | LineBlock]]:
+    """The sub-blocks of one window, one per shard, each under its shard's token: one state transition
+    covers them all, and a retry rebuilds the same sub-blocks from the layout the row recorded."""
+    if ctx.shards is None or not ctx.shards.layouts[place.layout].per_row:
+        return [(place.shard, block)]
+    lay = ctx.shards.layouts[place.layout]
+    keys = None
+    if lay.needs_key:
+        assert isinstance(block, Block), "key routing takes the decoding path"
+        keys = block.data[block.columns.index(lay.key)]
+    return split_block(block, lay.row_shards(block.offsets, keys), lambda s: _token(pk, block.window, s))
+
+
+def _send(ctx: WriterContext, pk: PartitionKey, blocks: Sequence[Block | LineBlock], retry: bool,
+          result: PartitionResult, place: Placement) -> None:
+    """Sends each window's sub-blocks to their shards; a shard failing past its retries stalls the range."""
+    for block in blocks:
+        for shard, sub in _split(ctx, pk, block, place):
+            inserter = ctx.inserter if ctx.shards is None else ctx.shards.inserter(place.layout, shard)
+            label = "" if ctx.shards is None else ctx.shards.name(place.layout, shard)
+            if ctx.shards is not None:
+                ctx.shards.health.check(label)
+            try:
+                if retry:
+                    sent = inserter.retry(sub, pk.topic, pk.partition)
+                else:
+                    inserter.insert(sub)
+                    sent = sub.rows
+            except InsertError as e:
+                if ctx.shards is None or not (isinstance(e.__cause__, Exception) and is_transient(e.__cause__)):
+                    raise
+                ctx.shards.health.failed(label, str(e.__cause__).splitlines()[0][:300])
+                raise ShardUnavailableError(label, str(e.__cause__).splitlines()[0][:300]) from e
+            if ctx.shards is not None:
+                ctx.shards.health.ok(label)
+            result.inserted_rows += sent
+            result.inserts += 1
+            ctx.fault("after_block")
+
+
+def _dead_letter(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> None:
+    """Produces dead letters exactly once per range, however many sends the range takes.
+
+    The first send of a range records the DLQ's end offsets (SENDING) before producing; any later
+    send of the same range, in this attempt or a retry, reads back from that first mark and produces
+    only what is not there yet; DONE follows each send.
+    """
+    if not dead:
+        return
+    dlq = require_dlq(ctx, pk, dead)
+    row = ctx.store.check_fence(pk, ctx.epoch)
+    if row is None:
+        raise FencedError(f"{pk}: state row vanished before dead-lettering (topic removed from the sink?)")
+    if row.dlq is DlqPhase.NONE:
+        ctx.store.mark_dlq_sending(pk, ctx.epoch, dlq.mark())
+        ctx.fault("after_dlq_mark")
+    else:  # something of this range went out already: send only what is not there
+        if row.dlq is DlqPhase.DONE:
+            ctx.store.mark_dlq_sending(pk, ctx.epoch, None)
+        there = dlq.sent_since(row.dlq_mark, pk.sink)
+        dead = [d for d in dead if (d.message.topic, d.message.partition, d.message.offset) not in there]
+        log.info("%s: %d dead letter(s) of this range still to produce after reading back the DLQ", pk, len(dead))
+    if dead:
+        dlq.send(pk.sink, dead)
+    ctx.fault("after_dlq_send")
+    ctx.store.mark_dlq_done(pk, ctx.epoch)
+    ctx.fault("after_dlq")

@@ -1,0 +1,72 @@
+"""ClickHouse clients from the sink config (HTTP in executors, chdb in one process) and target-table schemas."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..config import ClickHouseConfig, ConfigError
+from ..formats.schema import SchemaError, TableSchema, build_schema
+
+_CHDB_CLIENTS: dict[tuple[str, str | None], Any] = {}
+
+
+def redact_dsn(dsn: str) -> str:
+    return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", dsn)
+
+
+def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Any:
+    """A client for one endpoint (default: the first); connection problems become ConfigError."""
+    import clickhouse_connect
+
+    dsn = endpoint or cfg.endpoints[0]
+    try:
+        if dsn.startswith("chdb://"):
+            key = (dsn, cfg.chdb_config_file)
+            if key not in _CHDB_CLIENTS:
+                opts = {"config-file": cfg.chdb_config_file} if cfg.chdb_config_file else None
+                _CHDB_CLIENTS[key] = clickhouse_connect.get_client(dsn=dsn, chdb_options=opts)
+            client = _CHDB_CLIENTS[key]
+        else:
+            password = cfg.password.resolve("clickhouse.password") if cfg.password else None
+            kw: dict[str, Any] = {"dsn": dsn, "connect_timeout": 10, "send_receive_timeout": 300}
+            if cfg.username:
+                kw["username"] = cfg.username
+            if password is not None:
+                kw["password"] = password
+            client = clickhouse_connect.get_client(**kw)
+        client.command(f"CREATE DATABASE IF NOT EXISTS `{cfg.database}`")
+        client.database = cfg.database
+        return client
+    except ConfigError:
+        raise
+    except Exception as e:
+        first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        raise ConfigError(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {first}") from None
+
+
+def load_schema(client: Any, database: str, table: str) -> TableSchema:
+    """Reads the table's columns; constant DEFAULT expressions are evaluated once by ClickHouse."""
+    res = client.query(
+        "SELECT name, type, default_kind, default_expression FROM system.columns "
+        "WHERE database = {db:String} AND table = {t:String} ORDER BY position",
+        parameters={"db": database, "t": table},
+    )
+    if not res.result_rows:
+        raise SchemaError(
+            f"target table `{database}`.`{table}` does not exist (or has no columns); "
+            "create it before starting the sink"
+        )
+    rows = []
+    for name, type_text, kind, expr in res.result_rows:
+        default = None
+        if kind == "DEFAULT" and expr:
+            try:
+                default = client.query(f"SELECT {expr}").result_rows[0][0]
+            except Exception as e:  # references other columns: fall back to the type's zero value
+                raise SchemaError(
+                    f"column `{name}` of `{database}`.`{table}` has a DEFAULT that depends on other "
+                    f"columns ({expr}); chsink needs constant defaults"
+                ) from e
+        rows.append((name, type_text, kind, default))
+    return build_schema(database, table, rows)

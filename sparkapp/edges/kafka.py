@@ -1,0 +1,86 @@
+"""Kafka edges outside Spark: topic discovery, watermarks, and re-reading an exact offset range."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..config import ConfigError, KafkaConfig
+from ..core.records import Message
+from ..core.state_machine import OffsetRange
+
+
+def admin(cfg: KafkaConfig) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({**cfg.client_options(), "log_level": 0})
+
+
+def topic_partitions(cfg: KafkaConfig, timeout: float = 15.0) -> dict[str, int]:
+    """The subscribed topics and their partition counts; an unreachable broker is a ConfigError."""
+    try:
+        md = admin(cfg).list_topics(timeout=timeout)
+    except Exception as e:
+        raise ConfigError(f"cannot reach Kafka at {cfg.bootstrap_servers}: {e}") from None
+    if cfg.topic_pattern:
+        rx = re.compile(cfg.topic_pattern)
+        names = sorted(t for t in md.topics if rx.fullmatch(t) and not t.startswith("__"))
+    else:
+        names = list(cfg.topics)
+    missing = [t for t in names if t not in md.topics or md.topics[t].error is not None]
+    if missing:
+        raise ConfigError(f"Kafka topic(s) {missing} do not exist at {cfg.bootstrap_servers}")
+    if not names:
+        raise ConfigError(f"no Kafka topic matches pattern {cfg.topic_pattern!r}")
+    return {t: len(md.topics[t].partitions) for t in names}
+
+
+def consumer(cfg: KafkaConfig, group: str = "chsink-reader") -> Any:
+    from confluent_kafka import Consumer
+
+    return Consumer({**cfg.client_options(), "group.id": group, "enable.auto.commit": False,
+                     "enable.partition.eof": True, "auto.offset.reset": "earliest", "log_level": 0})
+
+
+def watermarks(cfg: KafkaConfig, topic: str, partition: int) -> tuple[int, int]:
+    from confluent_kafka import TopicPartition
+
+    c = consumer(cfg)
+    try:
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=15)
+        return int(lo), int(hi)
+    finally:
+        c.close()
+
+
+def read_range(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRange, timeout: float = 60.0) -> list[Message]:
+    """Reads every message with an offset in rng (gaps are skipped by Kafka itself)."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    c = consumer(cfg)
+    out: list[Message] = []
+    try:
+        c.assign([TopicPartition(topic, partition, rng.min)])
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = c.poll(1.0)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    break
+                raise RuntimeError(f"re-reading {topic}/{partition} {rng}: {m.error()}")
+            if m.offset() > rng.max:
+                break
+            ts = m.timestamp()[1]
+            out.append(Message(topic, partition, m.offset(), m.value(), m.key(), ts,
+                               tuple((k, v or b"") for k, v in (m.headers() or []))))
+            if m.offset() >= rng.max:
+                break
+        else:
+            raise RuntimeError(f"timed out re-reading {topic}/{partition} {rng}")
+    finally:
+        c.close()
+    return out

@@ -1,0 +1,330 @@
+"""The per-partition state store in ClickHouse: KeeperMap (cluster-wide) or EmbeddedRocksDB (single node).
+
+One table serves many sinks; keys are namespaced by sink id. Every writer run holds an epoch taken
+from the sink's epoch row by compare-and-set. A transition is a conditional update
+(`... WHERE key = K AND epoch <= E`, with keeper_map_strict_mode so Keeper checks node versions) and is
+read back: a writer whose epoch was overtaken gets FencedError and stops. All fencing decisions are
+made here (`_fence`), never by callers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Engine, SinkConfig
+from ..core.state_machine import OffsetRange, Phase, StoredState
+
+SCHEMA_VERSION = 2  # v2: dlq phase + mark (v1 had a dlq_done flag)
+_STRICT = {"keeper_map_strict_mode": 1}
+
+
+class DlqPhase(enum.Enum):
+    """Where a range's dead letters stand. SENDING records the DLQ's end positions before producing, so a
+    retry can read back what already arrived instead of producing it twice (Kafka produce is not idempotent
+    across producer sessions)."""
+
+    NONE = "NONE"
+    DONE = "DONE"
+    SENDING = "SENDING"
+
+
+class FencedError(RuntimeError):
+    """This writer's epoch is stale: a newer writer run owns the sink or the partition."""
+
+
+class StateStoreError(RuntimeError):
+    """The state table cannot be used (wrong schema version, unreachable Keeper...)."""
+
+
+def _fence(pk: PartitionKey | str, epoch: int, owner_epoch: int, owner: str = "partition owned") -> None:
+    """The one fencing rule: a writer whose epoch is below the owner's is stale and must stop."""
+    if owner_epoch > epoch:
+        raise FencedError(f"{pk}: writer epoch {epoch} is stale; {owner} by epoch {owner_epoch}")
+
+
+@dataclass(frozen=True, order=True)
+class PartitionKey:
+    """State is kept per sink, topic, partition and target table (multi-table topics)."""
+
+    sink: str
+    topic: str
+    partition: int
+    table: str = ""
+
+    @property
+    def key(self) -> str:
+        return "/".join(_esc(p) for p in (self.sink, self.topic, str(self.partition), self.table))
+
+    def __str__(self) -> str:
+        return f"sink {self.sink} {self.topic}/{self.partition}" + (f" table {self.table}" if self.table else "")
+
+
+def _esc(s: str) -> str:
+    return s.replace("%", "%25").replace("/", "%2F")
+
+
+@dataclass(frozen=True)
+class StateRow:
+    """A stored partition row, with the fencing and layout fields next to the state machine's view."""
+
+    pk: PartitionKey
+    state: StoredState
+    owner: str
+    shard: int
+    dlq: DlqPhase
+    dlq_mark: str
+    updated_at: dt.datetime
+
+
+def resume_positions(rows: Iterable[StateRow]) -> dict[tuple[str, int], int]:
+    """Per (topic, partition), the offset everything below which is delivered; the slowest table decides."""
+    out: dict[tuple[str, int], int] = {}
+    for r in rows:
+        key = (r.pk.topic, r.pk.partition)
+        out[key] = min(r.state.resume_offset, out.get(key, r.state.resume_offset))
+    return out
+
+
+_COLUMNS = (
+    "key String, kind Enum8('partition' = 1, 'epoch' = 2, 'schema' = 3), sink String, topic String, "
+    "partition Int32, target String, phase Enum8('NONE' = 0, 'BEFORE' = 1, 'AFTER' = 2), "
+    "min_offset Int64, max_offset Int64, epoch UInt64, owner String, layout UInt32, shard UInt32, "
+    "dlq Enum8('NONE' = 0, 'DONE' = 1, 'SENDING' = 2), dlq_mark String, updated_at DateTime64(3, 'UTC')"
+)
+_NAMES = (
+    "key", "kind", "sink", "topic", "partition", "target", "phase", "min_offset", "max_offset",
+    "epoch", "owner", "layout", "shard", "dlq", "dlq_mark", "updated_at",
+)
+_SELECT = ", ".join(n for n in _NAMES if n != "kind")
+
+
+def _is_node_exists(e: Exception) -> bool:
+    text = str(e)
+    return "Node exists" in text or ("KEEPER_EXCEPTION" in text and "exists" in text.lower())
+
+
+class StateStore:
+    """State rows over ClickHouse SQL. All methods are IO; the state machine stays pure."""
+
+    def __init__(self, client: Any, table: str, engine: Engine = Engine.KEEPER_MAP,
+                 keeper_path: str | None = None, database: str | None = None) -> None:
+        self.client = client
+        self.engine = engine
+        self.database = database or client.database or "default"
+        self.table = table
+        self.keeper_path = keeper_path or f"/chsink/{self.database}/{table}"
+        self.fqn = f"`{self.database}`.`{table}`"
+
+    # ---- schema -----------------------------------------------------------------------------
+
+    def ensure_schema(self) -> None:
+        """Creates the table if missing and checks its schema version; idempotent."""
+        engine = f"KeeperMap('{self.keeper_path}')" if self.engine is Engine.KEEPER_MAP else "EmbeddedRocksDB"
+        self.client.command(f"CREATE TABLE IF NOT EXISTS {self.fqn} ({_COLUMNS}) ENGINE = {engine} PRIMARY KEY key")
+        rows = self._select("key = '__schema__'")
+        if not rows:
+            try:
+                self._insert([self._row("__schema__", "schema", epoch=SCHEMA_VERSION)], strict=True)
+            except Exception as e:
+                if not _is_node_exists(e):
+                    raise
+            rows = self._select("key = '__schema__'")
+        version = int(rows[0][8])
+        if version > SCHEMA_VERSION:
+            raise StateStoreError(
+                f"state table {self.fqn} has schema v{version}, newer than this chsink "
+                f"(v{SCHEMA_VERSION}); upgrade chsink"
+            )
+        if version < SCHEMA_VERSION:
+            raise StateStoreError(
+                f"state table {self.fqn} has schema v{version}, older than this chsink (v{SCHEMA_VERSION}); "
+                "drain the sink with the old version, then drop the table (state.table) and restart"
+            )
+
+    # ---- epochs -----------------------------------------------------------------------------
+
+    def acquire_epoch(self, sink: str, owner: str | None = None, attempts: int = 20) -> int:
+        """Takes the next epoch of the sink by compare-and-set; older writer runs are fenced from then on."""
+        owner = owner or uuid.uuid4().hex
+        key = self._epoch_key(sink)
+        for _ in range(attempts):
+            rows = self._select(f"key = {_q(key)}")
+            if not rows:
+                try:
+                    self._insert([self._row(key, "epoch", sink=sink, epoch=1, owner=owner)], strict=True)
+                except Exception as e:
+                    if not _is_node_exists(e):
+                        raise
+                    continue
+            else:
+                current = int(rows[0][8])
+                self._update(f"epoch = {current + 1}, owner = {_q(owner)}, updated_at = now64(3)",
+                             f"key = {_q(key)} AND epoch = {current}")
+            rows = self._select(f"key = {_q(key)}")
+            if rows and rows[0][9] == owner:
+                return int(rows[0][8])
+            time.sleep(0.05)
+        raise StateStoreError(f"could not acquire an epoch for sink {sink} after {attempts} attempts (contention)")
+
+    def current_epoch(self, sink: str) -> int:
+        rows = self._select(f"key = {_q(self._epoch_key(sink))}")
+        return int(rows[0][8]) if rows else 0
+
+    # ---- partition state ----------------------------------------------------------------------
+
+    def get(self, pk: PartitionKey) -> StateRow | None:
+        rows = self._select(f"key = {_q(pk.key)}")
+        return self._state_row(rows[0]) if rows else None
+
+    def get_many(self, pks: Iterable[PartitionKey]) -> dict[PartitionKey, StateRow]:
+        keys = {pk.key: pk for pk in pks}
+        if not keys:
+            return {}
+        rows = self._select(f"key IN ({', '.join(map(_q, keys))})")
+        return {keys[r[0]]: self._state_row(r) for r in rows}
+
+    def list_sink(self, sink: str) -> list[StateRow]:
+        rows = self._select(f"kind = 'partition' AND sink = {_q(sink)}")
+        return sorted((self._state_row(r) for r in rows), key=lambda s: s.pk)
+
+    def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
+        """Records BEFORE over the range: from here on, a crash leads to an identical retry."""
+        epoch_key = self._epoch_key(pk.sink)
+        rows = {r[0]: r for r in self._select(f"key IN ({_q(pk.key)}, {_q(epoch_key)})")}  # one round trip
+        _fence(pk, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
+        existing = self._state_row(rows[pk.key]) if pk.key in rows else None
+        self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard, existing)
+
+    def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
+        """Records AFTER over the range `begin` recorded (dead-letter fields kept): update, then read back."""
+        self._update(f"phase = 'AFTER', epoch = {epoch}, updated_at = now64(3)",
+                     f"key = {_q(pk.key)} AND epoch <= {epoch} AND min_offset = {rng.min} AND max_offset = {rng.max}")
+        self._read_back(pk, rng, Phase.AFTER, epoch, layout)
+
+    def load(self, pk: PartitionKey, epoch: int) -> StateRow | None:
+        """The partition's row, for planning; FencedError when a newer epoch owns it (a stale run must not act)."""
+        row = self.get(pk)
+        if row is not None:
+            _fence(pk, epoch, row.state.epoch)
+        return row
+
+    def check_fence(self, pk: PartitionKey, epoch: int) -> StateRow | None:
+        """Raises FencedError when a newer epoch owns the partition; called right before inserting."""
+        row = self.load(pk, epoch)
+        if row is None:  # deleted (e.g. its topic was removed): only the sink's epoch can tell
+            _fence(pk, epoch, self.current_epoch(pk.sink), "sink taken over")
+        return row
+
+    def mark_dlq_sending(self, pk: PartitionKey, epoch: int, mark: str | None) -> StateRow:
+        """Records the DLQ's end positions before the range's first send (NONE -> SENDING); a later send
+        of the same range (mark None: DONE -> SENDING) keeps the first mark, so a read-back sees all."""
+        if mark is None:
+            self._update("dlq = 'SENDING', updated_at = now64(3)",
+                         f"key = {_q(pk.key)} AND epoch <= {epoch} AND dlq = 'DONE'")
+        else:
+            self._update(f"dlq = 'SENDING', dlq_mark = {_q(mark)}, updated_at = now64(3)",
+                         f"key = {_q(pk.key)} AND epoch <= {epoch} AND dlq = 'NONE'")
+        row = self.check_fence(pk, epoch)
+        if row is None or row.dlq is not DlqPhase.SENDING:
+            raise FencedError(f"{pk}: could not record the dead-letter mark (row gone or taken over)")
+        return row
+
+    def mark_dlq_done(self, pk: PartitionKey, epoch: int) -> None:
+        self._update("dlq = 'DONE', updated_at = now64(3)", f"key = {_q(pk.key)} AND epoch <= {epoch}")
+
+    def delete_topics(self, sink: str, topics: Iterable[str]) -> int:
+        """Deletes the partition rows of whole topics (removed from the sink)."""
+        gone = set(topics)
+        return self.delete(sink, [(r.pk.topic, r.pk.partition) for r in self.list_sink(sink) if r.pk.topic in gone])
+
+    def delete(self, sink: str, partitions: Iterable[tuple[str, int]] | None = None) -> int:
+        """Deletes a sink's partition rows (all, or the given (topic, partition) pairs); returns how many."""
+        cond = f"kind = 'partition' AND sink = {_q(sink)}"
+        if partitions is not None:
+            pairs = [f"({_q(t)}, {int(p)})" for t, p in partitions]
+            if not pairs:
+                return 0
+            cond += f" AND (topic, partition) IN ({', '.join(pairs)})"
+        n = len(self._select(cond))
+        if n:
+            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE {cond}", settings=_STRICT)
+        if partitions is None:
+            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE key = {_q(self._epoch_key(sink))}",
+                                settings=_STRICT)
+        return n
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _transition(
+        self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int, shard: int,
+        existing: StateRow | None,
+    ) -> None:
+        if existing is not None:
+            _fence(pk, epoch, existing.state.epoch)
+        same = existing is not None and existing.state.range == rng
+        dlq, mark = (existing.dlq, existing.dlq_mark) if existing is not None and same else (DlqPhase.NONE, "")
+        if existing is None:  # begin() has just checked the sink epoch: a stale writer cannot re-create it
+            row = self._row(pk.key, "partition", sink=pk.sink, topic=pk.topic, partition=pk.partition,
+                            target=pk.table, phase=phase.value, min_offset=rng.min, max_offset=rng.max,
+                            epoch=epoch, layout=layout, shard=shard)
+            try:
+                self._insert([row], strict=True)
+            except Exception as e:
+                if not _is_node_exists(e):
+                    raise
+                return self._transition(pk, rng, phase, epoch, layout, shard, self.get(pk))  # raced: re-check
+        else:
+            self._update(
+                f"phase = '{phase.value}', min_offset = {rng.min}, max_offset = {rng.max}, epoch = {epoch}, "
+                f"layout = {layout}, shard = {shard}, dlq = '{dlq.value}', dlq_mark = {_q(mark)}, "
+                "updated_at = now64(3)",
+                f"key = {_q(pk.key)} AND epoch <= {epoch}",
+            )
+        return self._read_back(pk, rng, phase, epoch, layout)
+
+    def _read_back(self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int) -> None:
+        after = self.get(pk)
+        if after is None or after.state != StoredState(rng, phase, epoch, layout):
+            owner = after.state.epoch if after else "nobody (row deleted)"
+            raise FencedError(f"{pk}: transition to {phase.value} {rng} by epoch {epoch} lost to epoch {owner}")
+
+    def _epoch_key(self, sink: str) -> str:
+        return f"{_esc(sink)}/__epoch__"
+
+    def _row(self, key: str, kind: str, **kw: Any) -> list[Any]:
+        return [key, kind, kw.get("sink", ""), kw.get("topic", ""), kw.get("partition", 0), kw.get("target", ""),
+                kw.get("phase", "NONE"), kw.get("min_offset", 0), kw.get("max_offset", 0), kw.get("epoch", 0),
+                kw.get("owner", ""), kw.get("layout", 0), kw.get("shard", 0), "NONE", "",
+                dt.datetime.now(dt.UTC)]
+
+    def _insert(self, rows: list[list[Any]], strict: bool = False) -> None:
+        self.client.insert(self.fqn, rows, column_names=list(_NAMES), settings=_STRICT if strict else None)
+
+    def _update(self, assignments: str, where: str) -> None:
+        self.client.command(f"ALTER TABLE {self.fqn} UPDATE {assignments} WHERE {where}", settings=_STRICT)
+
+    def _select(self, where: str) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = self.client.query(f"SELECT {_SELECT} FROM {self.fqn} WHERE {where}").result_rows
+        return rows
+
+    def _state_row(self, r: tuple[Any, ...]) -> StateRow:
+        pk = PartitionKey(r[1], r[2], int(r[3]), r[4])
+        state = StoredState(OffsetRange(int(r[6]), int(r[7])), Phase(r[5]), int(r[8]), int(r[10]))
+        return StateRow(pk, state, r[9], int(r[11]), DlqPhase(r[12]), r[13], r[14])
+
+
+def _q(s: str) -> str:
+    """Quotes a string literal for ClickHouse SQL."""
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def state_store(cfg: SinkConfig, client: Any) -> StateStore:
+    """The sink's state store on an open ClickHouse client."""
+    return StateStore(client, cfg.state.table, cfg.state.engine, cfg.state.keeper_path,
+                      cfg.state.database or cfg.clickhouse.database)

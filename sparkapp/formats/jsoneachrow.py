@@ -1,0 +1,153 @@
+"""The fast path for JSON: ClickHouse parses the records itself (JSONEachRow), Python never touches a row.
+
+Each Kafka record whose value is a JSON object becomes one JSONEachRow line with the table's
+metadata columns (`_topic`, `_partition`, `_offset`, `_timestamp`, `_key`) spliced in, built with
+vectorized Arrow compute from the Arrow batch Spark hands over, and contiguous slices of those lines
+go to ClickHouse as INSERT payloads, zero-copy. Windows and tokens are the same as on the decoding
+path, so the exactly-once protocol does not change. A window that ClickHouse rejects (a record it
+cannot parse or fit) falls back, deterministically, to the Python decoder, which names each bad
+record and dead-letters it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.blocks import cut_windows
+from ..core.records import Message
+from ..core.state_machine import OffsetRange
+from .chtypes import CHType
+from .schema import METADATA_COLUMNS, TableSchema
+
+_PLAIN_KEY = r"^[ !#-\[\]-~]*$"  # printable ASCII but `"` and `\\`: needs no JSON escaping
+
+
+def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
+    """One JSONEachRow line per record of a partition's Arrow slice, NULL where the value is not a JSON
+    object (vectorized Arrow compute; a few keys that need JSON escaping go through `json.dumps`).
+
+    Metadata goes first; a null key is left out so that `_key` takes its default (NULL, or '' when not
+    Nullable, as the decoder does); `_timestamp` is epoch seconds with milliseconds; the record's own
+    fields follow.
+    """
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    value = tbl.column("value").combine_chunks()
+    text = value.view(pa.string()) if pa.types.is_binary(value.type) else value
+    framed = pc.fill_null(pc.and_(pc.starts_with(text, "{"), pc.ends_with(text, "}")), False)
+    body = text if pc.all(framed).as_py() else pc.ascii_trim(text, " \t\r\n")  # trimming copies: rarely
+    ok = pc.fill_null(pc.and_(pc.and_(pc.starts_with(body, "{"), pc.ends_with(body, "}")),
+                              pc.less_equal(pc.binary_length(value), max_bytes)), False)
+    parts: list[Any] = []
+    if "_topic" in schema_columns and tbl.num_rows:
+        parts.append(',"_topic":' + json.dumps(str(tbl.column("topic")[0])))
+    for c in ("_partition", "_offset"):
+        if c in schema_columns:
+            parts += [f',"{c}":', pc.cast(tbl.column(c[1:]), pa.string())]
+    if "_timestamp" in schema_columns:
+        ms = pc.cast(pc.cast(tbl.column("timestamp"), pa.timestamp("ms", "UTC")), pa.int64())
+        secs = pc.divide(ms, 1000)
+        frac = pc.utf8_lpad(pc.cast(pc.subtract(ms, pc.multiply(secs, 1000)), pa.string()), 3, "0")
+        parts += [',"_timestamp":', pc.cast(secs, pa.string()), ".", frac]
+    if "_key" in schema_columns:
+        key = tbl.column("key").combine_chunks()
+        ktext = key.view(pa.string()) if pa.types.is_binary(key.type) else key
+        plain = pc.fill_null(pc.match_substring_regex(ktext, _PLAIN_KEY), True)
+        quoted = pc.binary_join_element_wise(',"_key":"', ktext, '"', "")
+        if not pc.all(plain).as_py():
+            special = {i: ',"_key":' + json.dumps(bytes(k).decode("utf-8", errors="replace"), ensure_ascii=False)
+                       for i, (k, p) in enumerate(zip(key.to_pylist(), plain.to_pylist(), strict=True)) if not p}
+            escaped = pa.array([special.get(i, "") for i in range(len(key))], pa.string())
+            quoted = pc.if_else(plain, quoted, escaped)
+        parts.append(pc.fill_null(quoted, ""))  # a null key: no field at all
+    if not parts:
+        return _array(pc.if_else(ok, pc.binary_join_element_wise(body, "\n", ""), pa.scalar(None, pa.string())))
+    if isinstance(parts[0], str):  # each part carries its leading comma; the first opens the object
+        parts[0] = "{" + parts[0][1:]
+    else:
+        parts = [pc.replace_substring(pc.binary_join_element_wise(*parts, ""), ",", "{", max_replacements=1)]
+    rest = pc.replace_substring(body, "{", ",", max_replacements=1)  # byte-wise: safe on any bytes
+    if pc.any(pc.less(pc.binary_length(body), 16)).as_py():  # an empty object `{ }` closes the metadata
+        empty = pc.fill_null(pc.match_substring_regex(body, r"^\{[ \t\r\n]*\}$"), False)
+        rest = pc.if_else(empty, "}", rest)
+    line = pc.binary_join_element_wise(*parts, rest, "\n", "")  # one pass, one allocation
+    return _array(pc.if_else(ok, line, pa.scalar(None, pa.string())))
+
+
+def _array(a: Any) -> Any:
+    return a.combine_chunks() if hasattr(a, "combine_chunks") else a
+
+
+# Types whose JSON parsing in ClickHouse is at least as strict as the decoder's: a value that does not
+# fit raises (and the window takes the decoder). Narrower integers, Date/DateTime, Float32 and JSON are
+# not: ClickHouse wraps 300 into a UInt8 as 44, saturates dates and overflows Float32 to inf, silently.
+_STRICT_IN_CLICKHOUSE = {"Int64", "UInt64", "Int128", "UInt128", "Int256", "UInt256", "Float64", "Bool", "String",
+                         "FixedString", "UUID", "DateTime64", "IPv4", "IPv6", "Enum8", "Enum16", "Decimal",
+                         "Decimal32", "Decimal64", "Decimal128", "Decimal256"}
+_CONTAINERS = {"Nullable", "LowCardinality", "Array", "Map", "Tuple"}
+
+
+def strict_in_clickhouse(t: CHType) -> bool:
+    if t.name in _CONTAINERS:
+        return all(strict_in_clickhouse(a) for a in t.args if isinstance(a, CHType))
+    return t.name in _STRICT_IN_CLICKHOUSE
+
+
+def eligible(schema: TableSchema) -> bool:
+    """A table without Nested-flattened (`a.b`) columns whose columns ClickHouse all parses strictly (the
+    metadata columns are filled by chsink itself, always in range)."""
+    return all(
+        "." not in c.name and (c.name in METADATA_COLUMNS or strict_in_clickhouse(c.type)) for c in schema.columns)
+
+
+def window_slices(offsets: Any, windows: Sequence[OffsetRange]) -> list[tuple[OffsetRange, int, int]]:
+    """(window, i, j): the rows [i, j) of sorted `offsets` inside each window that holds any."""
+    import numpy as np
+
+    arr = np.asarray(offsets)
+    out = []
+    for w in windows:
+        i, j = int(np.searchsorted(arr, w.min, "left")), int(np.searchsorted(arr, w.max, "right"))
+        if j > i:
+            out.append((w, i, j))
+    return out
+
+
+@dataclass
+class LineBatch:
+    """One partition's batch on the fast path: sorted offsets, their lines, and messages on demand.
+
+    Values travel from the JVM only for records without a line (`odd`); `messages` may re-read the
+    batch from Kafka when the decoding path needs all of them.
+    """
+
+    offsets: list[int]
+    lines: Any  # pyarrow string array aligned with offsets; null where the value is not a JSON object
+    messages: Callable[[], list[Message]]
+    odd: Callable[[], list[Message]]  # the records without a line, values included
+
+    @property
+    def complete(self) -> bool:
+        return int(self.lines.null_count) == 0
+
+    def windows(self, rng: OffsetRange, block_offsets: int) -> list[tuple[OffsetRange, tuple[int, ...], Any]]:
+        """(window, offsets, lines) of the range's windows that hold lines; records without one left out."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        out = []
+        for w, i, j in window_slices(self.offsets, cut_windows(rng, block_offsets)):
+            lines = self.lines.slice(i, j - i)
+            offsets = self.offsets[i:j]
+            if lines.null_count:
+                keep = pc.is_valid(lines)
+                lines = lines.filter(keep)
+                offsets = list(np.asarray(offsets)[keep.to_numpy(zero_copy_only=False)])
+            if len(lines):
+                out.append((w, tuple(int(o) for o in offsets), lines))
+        return out

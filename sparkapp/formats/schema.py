@@ -1,0 +1,57 @@
+"""The target table's schema, with each column's converter and default (pure; edges/clickhouse.py reads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .chtypes import CHType, Converter, converter, parse_type, zero_value
+
+METADATA_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
+
+
+class SchemaError(RuntimeError):
+    """The target table is missing or cannot be written by chsink."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: CHType
+    default_kind: str = ""  # '', DEFAULT, MATERIALIZED, ALIAS, EPHEMERAL
+    default: Any = None  # value used when a record lacks the field
+    conv: Converter = field(default=lambda v: v, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    database: str
+    table: str
+    columns: tuple[Column, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def fqn(self) -> str:
+        return f"`{self.database}`.`{self.table}`"
+
+    @property
+    def has_offset_columns(self) -> bool:
+        return {"_topic", "_partition", "_offset"} <= set(self.names)
+
+
+def build_schema(database: str, table: str, rows: list[tuple[str, str, str, Any]]) -> TableSchema:
+    """Builds the schema from (name, type, default_kind, constant default value) rows (pure)."""
+    cols = []
+    for name, type_text, kind, default in rows:
+        if kind in ("MATERIALIZED", "ALIAS", "EPHEMERAL"):
+            continue  # computed by ClickHouse, never inserted
+        t = parse_type(type_text)
+        conv = converter(t)
+        value = zero_value(t) if kind == "" else conv(default) if default is not None else zero_value(t)
+        cols.append(Column(name, t, kind, value, conv))
+    if not cols:
+        raise SchemaError(f"table `{database}`.`{table}` has no insertable columns")
+    return TableSchema(database, table, tuple(cols))

@@ -1,0 +1,128 @@
+"""A micro-batch as Arrow: cut per Kafka partition, delivered, and reported as one outcome row each.
+
+`deliver` runs wherever the batch is written: on the driver (chdb: one engine per process) or in an
+executor task (mapInArrow, HTTP). Both report the same outcome row (PartitionOutcome).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..config import SinkConfig
+from ..core.records import Message
+from ..delivery.context import PartitionOutcome, PartitionResult, outcome
+from ..delivery.runtime import Runtime
+from ..edges.shards import ShardUnavailableError
+from ..formats.jsoneachrow import LineBatch, build_lines
+
+log = logging.getLogger("chsink.job")
+
+
+def outcome_ddl() -> str:
+    """PartitionOutcome as Spark's DDL schema (mapInArrow's result)."""
+    return ", ".join(f"{n} {'string' if t is str else 'long'}" for n, t in PartitionOutcome.__annotations__.items())
+
+
+def _outcome_arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([(n, pa.string() if t is str else pa.int64())
+                      for n, t in PartitionOutcome.__annotations__.items()])
+
+
+def partition_slices(tbl: Any) -> Iterator[tuple[str, int, Any]]:
+    """Splits an Arrow batch of Kafka rows into per-topic-partition tables, offset-ordered (vectorized)."""
+    import numpy as np
+
+    if tbl.num_rows == 0:
+        return
+    for attempt in range(2):
+        topics = tbl.column("topic").to_numpy(zero_copy_only=False)
+        parts = tbl.column("partition").to_numpy(zero_copy_only=False)
+        offsets = tbl.column("offset").to_numpy(zero_copy_only=False)
+        cuts = np.flatnonzero((topics[1:] != topics[:-1]) | (parts[1:] != parts[:-1])) + 1
+        bounds = [0, *cuts.tolist(), tbl.num_rows]
+        rising = offsets[1:] > offsets[:-1]
+        rising[cuts - 1] = True  # where a group starts, its first offset may be lower
+        groups = {(topics[i], parts[i]) for i in bounds[:-1]}
+        if attempt or (len(groups) == len(bounds) - 1 and bool(rising.all())):
+            break
+        # Spark hands each Kafka partition over in offset order; sorting (a full copy) is the exception
+        tbl = tbl.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+    for a, b in itertools.pairwise(bounds):
+        yield str(topics[a]), int(parts[a]), tbl.slice(a, b - a)
+
+
+def table_messages(tbl: Any) -> list[Message]:
+    """One partition's Arrow rows as Messages (the decoding path needs them one by one)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ts = pc.cast(tbl.column("timestamp"), pa.int64()).to_pylist()
+    cols = {n: tbl.column(n).to_pylist() for n in ("topic", "partition", "offset", "key", "value")}
+    headers = tbl.column("headers").to_pylist() if "headers" in tbl.column_names else None
+    return [
+        Message(cols["topic"][j], cols["partition"][j], cols["offset"][j], cols["value"][j], cols["key"][j],
+                (ts[j] or 0) // 1000,
+                tuple((h["key"], h["value"] or b"") for h in (headers[j] or [])) if headers else ())
+        for j in range(tbl.num_rows)
+    ]
+
+
+def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> PartitionOutcome:
+    """One partition's slice, delivered; its outcome row."""
+    upto = int(sub.column("offset")[-1].as_py()) if sub.num_rows else -1
+    return guarded(topic, part, sub.num_rows, upto, lambda: _deliver(rt, topic, part, sub))
+
+
+def guarded(topic: str, part: int, n: int, upto: int, fn: Callable[[], list[PartitionResult]]) -> PartitionOutcome:
+    """The outcome of one partition's delivery. A partition whose shard is unavailable stalls: its state
+    stays BEFORE (the next batch re-reads from there), and the other partitions go on."""
+    try:
+        return outcome(topic, part, n, upto, fn())
+    except ShardUnavailableError as e:
+        log.warning("%s/%d stalls: %s", topic, part, e)
+        return outcome(topic, part, n, upto, [], stalled=e.label)
+
+
+def _deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[PartitionResult]:
+    """Through the fast path (ClickHouse parses JSON lines) or the decoding path."""
+    ctx = rt.fast_context(topic)
+    if ctx is not None:
+        import pyarrow.compute as pc
+
+        lines = build_lines(sub, ctx.inserter.schema.names, rt.cfg.format.max_message_bytes)
+        offsets = sub.column("offset").to_pylist()
+        batch = LineBatch(offsets, lines, lambda: table_messages(sub),
+                          lambda: table_messages(sub.filter(pc.is_null(lines))))
+        return rt.process_lines(ctx, topic, part, batch)
+    return rt.process(topic, part, table_messages(sub))
+
+
+_EXECUTOR_RUNTIMES: dict[tuple[str, int], Runtime] = {}
+
+
+def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """mapInArrow body: runs in an executor's Python worker, one Kafka partition per task."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        got = list(batches)
+        if not got:
+            return
+        tbl = pa.Table.from_batches(got)
+        key = (cfg_json, epoch)
+        if key not in _EXECUTOR_RUNTIMES:
+            _EXECUTOR_RUNTIMES[key] = Runtime.open(SinkConfig.model_validate_json(cfg_json), epoch)
+        rt = _EXECUTOR_RUNTIMES[key]
+        groups = list(partition_slices(tbl))
+        if len(groups) > 1:
+            raise RuntimeError(f"a task received {len(groups)} Kafka partitions; chsink needs one per task")
+        for topic, part, sub in groups:
+            yield pa.RecordBatch.from_pylist([dict(deliver(rt, topic, part, sub))], schema=_outcome_arrow_schema())
+
+    return run

@@ -1,0 +1,336 @@
+"""The Spark Structured Streaming job: Kafka source -> foreachBatch -> one writer call per topic-partition.
+
+Each micro-batch keeps the Kafka source's partitioning (one Spark partition per Kafka
+topic-partition, never split, no shuffle). Where partitions are written is the job's one choice of
+mode (BatchWriter): with HTTP endpoints each partition is written by its executor task (mapInArrow);
+with a chdb endpoint (one engine per process) the batch is brought to the driver as Arrow and
+written there, pipelined. The state store, not the checkpoint, decides where a partition resumes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import metrics
+from ..config import ConfigError, SinkConfig
+from ..delivery.context import PartitionOutcome
+from ..delivery.runtime import Runtime, starting_offsets
+from ..edges.clickhouse import clickhouse_client, load_schema
+from ..edges.dlq import KafkaDeadLetterSink
+from ..edges.kafka import topic_partitions
+from ..edges.store import FencedError, resume_positions, state_store
+from .batches import deliver, executor_fn, guarded, outcome_ddl, partition_slices
+from .session import build_session, checkpoint_exists, fresh_checkpoint
+
+log = logging.getLogger("chsink.job")
+STOP_MARKER = "chsink: stop requested"
+
+
+@dataclass
+class Progress:
+    batches: int = 0
+    rows: int = 0
+    inserted: int = 0
+    dead: int = 0
+    started: float = field(default_factory=time.monotonic)
+    last_batch_s: float = 0.0
+    last_data: float = field(default_factory=time.monotonic)
+    lag: int | None = None
+
+
+class BatchWriter:
+    """Where partitions are written. `write` delivers one micro-batch and hands its outcomes to `account`;
+    `run_aside` runs other work (the catch-up of stalled partitions) in step with the batches."""
+
+    pipelined = False  # True: Spark commits batches before they are written; runs resume from the state store
+    where = ""
+
+    def write(self, df: Any, batch_id: int, t0: float) -> None:
+        raise NotImplementedError
+
+    def run_aside(self, fn: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def runtime(self) -> Runtime:
+        """The runtime the aside work uses."""
+        raise NotImplementedError
+
+    def failed(self) -> bool:
+        """Whether work in the background failed (drain() then raises it)."""
+        return False
+
+    def drain(self) -> None:
+        """Waits for work in the background; its failure fails the job."""
+
+
+class DriverWriter(BatchWriter):
+    """chdb (one engine per process): the driver writes. Spark reads batch N+1 while a background thread
+    delivers batch N, which is why Spark commits batches not yet written."""
+
+    pipelined = True
+    where = "driver (chdb)"
+
+    def __init__(self, job: SinkJob, runtime: Runtime) -> None:
+        self.job, self.rt = job, runtime
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chsink-writer")
+        self.pending: concurrent.futures.Future[None] | None = None
+
+    def runtime(self) -> Runtime:
+        return self.rt
+
+    def write(self, df: Any, batch_id: int, t0: float) -> None:
+        tbl = df.toArrow()
+        t1 = time.monotonic()
+        self.drain()
+        self.pending = self.pool.submit(self._write_arrow, tbl, batch_id, t0, t1 - t0, time.monotonic() - t1)
+
+    def _write_arrow(self, tbl: Any, batch_id: int, t0: float, read_s: float, wait_s: float) -> None:
+        t1 = time.monotonic()
+        try:
+            rows = [deliver(self.rt, topic, part, sub) for topic, part, sub in partition_slices(tbl)]
+        except FencedError:
+            metrics.FENCED.labels(self.job.cfg.name).inc()
+            raise
+        self.job.account(rows, batch_id, t0, f" (Spark {read_s:.2f}s, waited {wait_s:.2f}s, wrote "
+                                             f"{time.monotonic() - t1:.2f}s)")
+
+    def run_aside(self, fn: Callable[[], None]) -> None:
+        """Behind the batch being written, on the same thread; skipped while one is being written."""
+        if self.pending is None or self.pending.done():
+            self.drain()
+            self.pending = self.pool.submit(fn)
+
+    def failed(self) -> bool:
+        return self.pending is not None and self.pending.done() and self.pending.exception() is not None
+
+    def drain(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+
+class ExecutorWriter(BatchWriter):
+    """HTTP endpoints: each executor task writes its own partition; the driver only collects outcomes."""
+
+    where = "executors"
+
+    def __init__(self, job: SinkJob) -> None:
+        self.job = job
+        self._runtime: Runtime | None = None
+
+    def runtime(self) -> Runtime:
+        if self._runtime is None:  # opened once, for the catch-up that runs on the driver
+            self._runtime = Runtime.open(self.job.cfg, self.job.epoch)
+        return self._runtime
+
+    def write(self, df: Any, batch_id: int, t0: float) -> None:
+        fn = executor_fn(self.job.cfg.model_dump_json(by_alias=True), self.job.epoch)
+        rows: list[PartitionOutcome] = [r.asDict() for r in df.mapInArrow(fn, outcome_ddl()).collect()]
+        seen = [(r["topic"], r["partition"]) for r in rows]
+        if len(seen) != len(set(seen)):
+            raise RuntimeError(f"a Kafka partition was split across tasks in batch {batch_id}; check the Kafka "
+                               "source options")
+        self.job.account(rows, batch_id, t0)
+
+    def run_aside(self, fn: Callable[[], None]) -> None:
+        with self.job.in_batch:
+            fn()
+
+
+class SinkJob:
+    """One run of the sink: a new epoch, a streaming query, graceful stop on SIGTERM."""
+
+    def __init__(self, cfg: SinkConfig, progress_every: float = 5.0, quiet: bool = False) -> None:
+        self.cfg = cfg
+        self.progress = Progress()
+        self.progress_every = progress_every
+        self.quiet = quiet
+        self.stopping = threading.Event()
+        self.in_batch = threading.Lock()
+        self.writer: BatchWriter = BatchWriter()
+        self.epoch = 0
+        self.starting: dict[str, dict[str, int]] = {}
+        self.stalled: dict[tuple[str, int], int] = {}  # partition -> highest offset Spark handed over
+        self.catch_up_every = 5.0
+
+    def preflight(self) -> dict[str, int]:
+        """Checks everything a user can get wrong before Spark starts; raises ConfigError."""
+        k = self.cfg.kafka
+        parts = topic_partitions(k)
+        ch = self.cfg.clickhouse
+        client = clickhouse_client(ch)
+        for topic in parts:
+            table = ch.table_for(topic)
+            if table is None and not ch.routed:
+                raise ConfigError(f"clickhouse.tables: no table for topic {topic!r} (add it or a '*' entry)")
+            if table is not None:
+                try:
+                    load_schema(client, ch.shard_database(0), table)
+                except Exception as e:
+                    raise ConfigError(f"clickhouse.tables[{topic!r}]: {e}") from None
+        store = state_store(self.cfg, client)
+        store.ensure_schema()
+        self.epoch = store.acquire_epoch(self.cfg.name, owner=f"{socket.gethostname()}:{os.getpid()}")
+        self.starting = starting_offsets(store, self.cfg.name, parts)
+        if ch.embedded:
+            dlq = KafkaDeadLetterSink(self.cfg.dlq.topic, k.client_options()) if self.cfg.dlq.topic else None
+            self.writer = DriverWriter(self, Runtime(self.cfg, self.epoch, client, store, dlq))
+        else:
+            self.writer = ExecutorWriter(self)
+        return parts
+
+    def handle_batch(self, batch_df: Any, batch_id: int) -> None:
+        if self.stopping.is_set():
+            raise RuntimeError(STOP_MARKER)  # fails this batch before any write: the checkpoint stays put
+        with self.in_batch:
+            t0 = time.monotonic()
+            cols = ["topic", "partition", "offset", "key", "value", "timestamp"]
+            if self.cfg.clickhouse.table_header:
+                cols.append("headers")
+            self.writer.write(batch_df.selectExpr(*cols), batch_id, t0)
+
+    def _track_stalled(self, rows: list[PartitionOutcome]) -> None:
+        for r in rows:
+            tp = (r["topic"], r["partition"])
+            if r["stalled"]:
+                self.stalled[tp] = max(self.stalled.get(tp, -1), r["upto"])
+            elif r["upto"] >= self.stalled.get(tp, 0):
+                self.stalled.pop(tp, None)
+
+    def catch_up(self) -> None:
+        """Re-drives stalled partitions without waiting for new records: each re-reads from its BEFORE range up
+        to what Spark handed over. Runs where batches are written, one at a time with them."""
+        rt = self.writer.runtime()
+        starts = resume_positions(rt.store.list_sink(self.cfg.name))  # one read for all stalled partitions
+
+        def one(t: str, p: int, upto: int) -> PartitionOutcome:
+            return guarded(t, p, 0, upto, lambda: rt.catch_up(t, p, starts.get((t, p)), upto))
+
+        rows = [one(t, p, upto) for (t, p), upto in sorted(self.stalled.items())]
+        self._track_stalled(rows)
+        metrics.batch_done(self.cfg.name, rows, 0.0)
+        done = [f"{r['topic']}/{r['partition']}" for r in rows if not r["stalled"]]
+        if done:
+            log.info("caught up stalled partition(s) %s (%d rows)", ", ".join(done), sum(r["inserted"] for r in rows))
+
+    def account(self, rows: list[PartitionOutcome], batch_id: int, t0: float, detail: str = "") -> None:
+        self._track_stalled(rows)
+        p = self.progress
+        if p.batches == 0:
+            p.started = t0  # rates count from the first batch, not from Spark's start-up
+        n = sum(r["rows"] for r in rows)
+        p.batches += 1
+        p.rows += n
+        p.inserted += sum(r["inserted"] for r in rows)
+        p.dead += sum(r["dead"] for r in rows)
+        p.last_batch_s = time.monotonic() - t0
+        metrics.batch_done(self.cfg.name, rows, p.last_batch_s)
+        if n:
+            p.last_data = time.monotonic()
+        stalled = sorted(f"{r['topic']}/{r['partition']}" for r in rows if r["stalled"])
+        log.info("batch %d: %d records from %d partitions in %.2fs%s%s", batch_id, n, len(rows), p.last_batch_s,
+                 detail, f"; stalled (shard unavailable): {', '.join(stalled)}" if stalled else "")
+
+    def _reader(self, spark: Any, parts: dict[str, int]) -> tuple[Any, str, bool]:
+        """Spark's Kafka source, its checkpoint location and whether a checkpoint decides where to start."""
+        k = self.cfg.kafka
+        reader = spark.readStream.format("kafka").options(**k.spark_options())
+        reader = reader.option("subscribePattern", k.topic_pattern) if k.topic_pattern else \
+            reader.option("subscribe", ",".join(parts))
+        if self.cfg.clickhouse.table_header:
+            reader = reader.option("includeHeaders", "true")
+        if self.cfg.batching.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(self.cfg.batching.max_offsets_per_trigger))
+        checkpoint = self.cfg.checkpoint_location
+        if self.writer.pipelined:  # the state store alone says where to resume
+            checkpoint, has_ckpt = fresh_checkpoint(spark, checkpoint, self.epoch), False
+        else:
+            has_ckpt = checkpoint_exists(spark, checkpoint)
+        if not has_ckpt:
+            reader = reader.option("startingOffsets", json.dumps(self.starting))
+        return reader, checkpoint, has_ckpt
+
+    def run(self, until_idle: float | None = None, max_seconds: float | None = None) -> int:
+        parts = self.preflight()
+        spark = build_session(self.cfg)
+        reader, checkpoint, has_ckpt = self._reader(spark, parts)
+        log.info("sink %s epoch %d: %s; writer on %s", self.cfg.name, self.epoch,
+                 "resuming from checkpoint" if has_ckpt else f"starting offsets from the state store {self.starting}",
+                 self.writer.where)
+        query = (reader.load().writeStream.foreachBatch(self.handle_batch)
+                 .option("checkpointLocation", checkpoint)
+                 .trigger(processingTime=self.cfg.batching.trigger_interval).queryName(self.cfg.name).start())
+        previous = signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        started = time.monotonic()
+        last_print = 0.0
+        lag_seen = -1
+        last_catch_up = time.monotonic()
+        try:
+            while query.isActive:
+                query.awaitTermination(1)
+                now = time.monotonic()
+                if self.progress.batches != lag_seen:  # lastProgress is costly (py4j): once per batch
+                    lag_seen = self.progress.batches
+                    self._update_lag(query)
+                if not self.quiet and now - last_print >= self.progress_every:
+                    self.print_progress()
+                    last_print = now
+                if until_idle is not None and now - max(self.progress.last_data, started) > until_idle \
+                        and not self.stalled:  # idle, and nothing waits for a shard
+                    status = query.status
+                    if not status.get("isDataAvailable") and not status.get("isTriggerActive"):
+                        self.stopping.set()
+                if max_seconds is not None and now - started > max_seconds:
+                    self.stopping.set()
+                if self.writer.failed():
+                    self.stopping.set()  # the background writer failed: stop, and drain() raises it
+                if self.stalled and now - last_catch_up > self.catch_up_every and not self.stopping.is_set():
+                    last_catch_up = now
+                    self.writer.run_aside(self.catch_up)
+                if self.stopping.is_set():
+                    with self.in_batch:  # the current batch finishes first
+                        query.stop()
+            query.awaitTermination()
+        except Exception as e:
+            if STOP_MARKER not in str(e):
+                raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        self.writer.drain()  # the batch still being written in the background
+        if not self.quiet:
+            self.print_progress(final=True)
+        return 0
+
+    def _update_lag(self, query: Any) -> None:
+        prog = query.lastProgress
+        if not prog or not prog.get("sources"):
+            return
+        src = prog["sources"][0]
+        try:
+            latest, end = json.loads(src.get("latestOffset") or "null"), json.loads(src.get("endOffset") or "null")
+        except (TypeError, ValueError):
+            return
+        if isinstance(latest, dict) and isinstance(end, dict):
+            per = {(t, int(p)): max(0, int(off) - int(end.get(t, {}).get(p, off)))
+                   for t, ps in latest.items() for p, off in ps.items()}
+            self.progress.lag = sum(per.values())
+            metrics.lag(self.cfg.name, per)
+
+    def print_progress(self, final: bool = False) -> None:
+        p = self.progress
+        elapsed = time.monotonic() - p.started
+        rate = p.rows / elapsed if elapsed > 0 else 0.0
+        lag = p.lag if p.lag is not None else "?"
+        print(f"[chsink {self.cfg.name}] {'done: ' if final else ''}{p.rows} records in {p.batches} batches, "
+              f"{p.inserted} inserted, {p.dead} dead-lettered, {rate:,.0f} rows/s, lag {lag}, "
+              f"last batch {p.last_batch_s:.2f}s", flush=True)

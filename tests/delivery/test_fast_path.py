@@ -1,0 +1,161 @@
+"""The fast path: ClickHouse parses the JVM-built JSONEachRow lines. It must land the same rows as the
+Python decoder, send what it cannot fit through the decoder (dead letters with reasons), and keep the
+exactly-once protocol (same windows and tokens)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from sparkapp.config import Engine
+from sparkapp.core.blocks import payload
+from sparkapp.core.records import Message
+from sparkapp.delivery.context import WriterContext
+from sparkapp.delivery.writer import write_lines, write_partition
+from sparkapp.edges.clickhouse import load_schema
+from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_REASON, KafkaDeadLetterSink
+from sparkapp.edges.insert import Inserter
+from sparkapp.edges.store import PartitionKey, StateStore
+from sparkapp.formats.jsoneachrow import build_lines
+from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
+from tests.helpers import line_batch, messages_table, read_dlq, reference_lines
+
+COLUMNS = ("id UInt64, ts DateTime64(3), user LowCardinality(String), amount Decimal(18, 4), "
+           "score Nullable(Float64), tags Array(String), attrs Map(String, String), note String, "
+           "_topic String, _partition UInt32, _offset UInt64, _timestamp DateTime64(3), _key Nullable(String)")
+
+
+def record(rnd: random.Random, i: int) -> dict:
+    return {"id": i, "ts": f"2026-0{1 + i % 9}-1{i % 9} 0{i % 10}:00:0{i % 10}.{i % 1000:03d}",
+            "user": f"u{rnd.randrange(50)}", "amount": f"{rnd.randrange(10**6)}.{rnd.randrange(10**4):04d}",
+            "score": None if i % 7 == 0 else rnd.random() * 100, "tags": [f"t{j}" for j in range(i % 4)],
+            "attrs": {"k": "v\"quoted\"", "ü": "ñ\\n"} if i % 5 == 0 else {}, "note": "line\nbreak ✓" * (i % 3),
+            **({"extra": 1} if i % 11 == 0 else {})}
+
+
+def messages(n: int, topic: str = "src", seed: int = 1) -> list[Message]:
+    rnd = random.Random(seed)
+    out = []
+    for i in range(n):
+        value = json.dumps(record(rnd, i), ensure_ascii=i % 2 == 0).encode()
+        if i % 13 == 0:
+            value = b"  " + value + b"\n"
+        key = None if i % 3 == 0 else f"k{i}".encode()
+        out.append(Message(topic, 0, 100 + i, value, key, 1_700_000_000_000 + 37 * i))
+    return out
+
+
+def make_ctx(client, db, table, dlq=None, sink="lines"):
+    schema = load_schema(client, db, table)
+    store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/lines_{db}_{table}")
+    store.ensure_schema()
+    return WriterContext(sink, store, Inserter(client, schema), make_decoder(DecoderSpec(Format.JSON), schema),
+                         store.acquire_epoch(sink), block_offsets=40, dlq=dlq)
+
+
+def rows(client, table):
+    return client.query(f"SELECT * EXCEPT _key, toString(_key) FROM {table} ORDER BY _offset").result_rows
+
+
+def test_clickhouse_parsing_lands_the_same_rows_as_the_python_decoder(ch_db):
+    client, db = ch_db
+    for t in ("fast", "slow"):
+        client.command(f"CREATE TABLE {t} ({COLUMNS}) ENGINE = MergeTree ORDER BY _offset")
+    msgs = messages(300)
+    fast, slow = make_ctx(client, db, "fast", sink="fast"), make_ctx(client, db, "slow", sink="slow")
+    schema = fast.inserter.schema
+    r = write_lines(fast, PartitionKey("fast", "src", 0), line_batch(msgs, schema.names))
+    assert fast.inserter.inserts == 8 and r.inserted_rows == 300 and r.dead_lettered == 0  # 300 offsets / 40
+    write_partition(slow, PartitionKey("slow", "src", 0), msgs)
+    assert rows(client, "fast") == rows(client, "slow")
+
+
+def test_built_lines_equal_the_plain_reference(ch_db):
+    """Vectorized line building against a plain one-record-at-a-time reference, on tricky values."""
+    client, db = ch_db
+    client.command(f"CREATE TABLE ref ({COLUMNS}) ENGINE = MergeTree ORDER BY _offset")
+    names = load_schema(client, db, "ref").names
+    msgs = [*messages(200), Message("src", 0, 900, b"[1,2]"), Message("src", 0, 901, b"{}"),
+            Message("src", 0, 902, b" { } "), Message("src", 0, 903, None), Message("src", 0, 904, b"{broken"),
+            Message("src", 0, 905, b'{"a":1}', b'k"\\\n'), Message("src", 0, 906, b'{"a":1}', "ключ".encode()),
+            Message("src", 0, 907, b'{"a":1}', b"\xff\xfe"), Message("src", 0, 908, b"\t{\"a\": 2}\r\n", b""),
+            Message("src", 0, 909, b'{"a": "' + b"x" * 100 + b'"}')]
+    got = build_lines(messages_table(msgs), names, 80).to_pylist()
+    assert got == reference_lines(msgs, names, 80).to_pylist()
+    assert got[-1] is None and got[-2] is not None  # over maxMessageBytes: decoded (and dead-lettered)
+    assert build_lines(messages_table(msgs[:3]), ("id",), 1 << 20).to_pylist() == [
+        m.value.decode().strip() + "\n" for m in msgs[:3]]
+
+
+def test_bad_records_are_dead_lettered_once_with_the_decoders_reason_and_the_rest_lands(ch_db, kafka, topic):
+    client, db = ch_db
+    client.command(f"CREATE TABLE mixed ({COLUMNS}) ENGINE = MergeTree ORDER BY _offset")
+    dlq_topic = topic(1)
+    ctx = make_ctx(client, db, "mixed", KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap}))
+    msgs = messages(120)
+    bad = {105: b"{broken", 110: b"[1, 2]",  # no line: decoded in Python, dead-lettered up front
+           150: b'{"id": "not a number"}', 199: b'{"id": 1, "ts": "yesterday"}'}  # ClickHouse rejects
+    msgs = [Message(m.topic, 0, m.offset, bad.get(m.offset, m.value), m.key, m.timestamp_ms) for m in msgs]
+    r = write_lines(ctx, PartitionKey("lines", "src", 0), line_batch(msgs, ctx.inserter.schema.names))
+    assert (r.inserted_rows, r.dead_lettered) == (116, 4)
+    assert client.query("SELECT count(), uniqExact(_offset) FROM mixed").result_rows == [(116, 116)]
+    dead = read_dlq(kafka.bootstrap, dlq_topic, 4)
+    reasons = {int(dict(m.headers())[HEADER_OFFSET]): dict(m.headers())[HEADER_REASON].decode() for m in dead}
+    assert len(dead) == 4, "each dead letter exactly once, though the range took two sends"
+    assert set(reasons) == {105, 110, 150, 199} and "column `id`" in reasons[150] and "column `ts`" in reasons[199]
+    assert "malformed JSON" in reasons[105]
+    assert ctx.inserter.inserts == 3  # window [100,139] on the fast path, then the 2 others decoded
+
+
+def test_payload_is_the_slice_bytes():
+    import pyarrow as pa
+
+    arr = pa.array(["a\n", "bc\n", "d\n", "ef\n"])
+    assert bytes(payload(arr.slice(1, 2))) == b"bc\nd\n" and bytes(payload(arr.slice(0, 0))) == b""
+    with pytest.raises(ValueError):
+        payload(pa.array(["a", None]))
+
+
+def test_tables_with_types_clickhouse_parses_leniently_stay_on_the_decoder(ch_db):
+    """ClickHouse's JSON parser wraps 300 into a UInt8 (44) without an error: such tables must not take
+    the fast path, or a value would be silently altered instead of dead-lettered."""
+    from sparkapp.formats.chtypes import parse_type
+    from sparkapp.formats.jsoneachrow import eligible, strict_in_clickhouse
+
+    client, db = ch_db
+    client.command("CREATE TABLE wrap (b UInt8) ENGINE = MergeTree ORDER BY tuple()")
+    client.raw_insert(f"`{db}`.wrap", None, b'{"b": 300}\n', fmt="JSONEachRow")
+    assert client.query("SELECT b FROM wrap").result_rows == [(44,)]  # what the fast path would have done
+    for t, ok in [("UInt64", True), ("Nullable(Decimal(18, 4))", True), ("Array(LowCardinality(String))", True),
+                  ("Map(String, Array(Int64))", True), ("DateTime64(3, 'UTC')", True), ("UInt8", False),
+                  ("Nullable(Int32)", False), ("Array(UInt16)", False), ("DateTime", False), ("Date", False),
+                  ("Float32", False), ("Map(String, UInt32)", False), ("JSON", False)]:
+        assert strict_in_clickhouse(parse_type(t)) is ok, t
+    client.command("CREATE TABLE narrow (id UInt32, _partition UInt16, _offset UInt64) ENGINE = MergeTree ORDER BY id")
+    client.command("CREATE TABLE wide (id UInt64, _partition UInt16, _offset UInt64) ENGINE = MergeTree ORDER BY id")
+    assert not eligible(load_schema(client, db, "narrow"))
+    assert eligible(load_schema(client, db, "wide"))  # metadata columns are filled by chsink
+
+
+def test_only_unrouted_json_sinks_on_strict_tables_take_the_fast_path(ch_db):
+    from sparkapp.config import parse_config
+    from sparkapp.delivery.runtime import Runtime
+
+    client, db = ch_db
+    client.command("CREATE TABLE fast_ok (id UInt64, _offset UInt64) ENGINE = MergeTree ORDER BY id")
+    client.command("CREATE TABLE fast_no (id UInt32, _offset UInt64) ENGINE = MergeTree ORDER BY id")
+    store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/fast_{db}")
+
+    def runtime(**extra):
+        cfg = parse_config({"name": "fast", "kafka": {"bootstrapServers": "127.0.0.1:1", "topics": ["a", "b"]},
+                            "clickhouse": {"endpoints": ["chdb:///unused"], "database": db,
+                                           "tables": {"a": "fast_ok", "b": "fast_no"}, **extra.pop("ch", {})},
+                            "checkpointLocation": "/tmp/unused", **extra}, "test")
+        return Runtime(cfg, 1, client, store, None)
+
+    assert runtime().fast_context("a") is not None
+    assert runtime().fast_context("b") is None  # UInt32: ClickHouse would wrap out-of-range values
+    assert runtime(format={"parser": "python"}).fast_context("a") is None
+    assert runtime(ch={"tableField": "kind"}).fast_context("a") is None  # routed: one state row per table

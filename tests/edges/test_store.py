@@ -1,0 +1,84 @@
+"""The state store on both engines: transitions, epochs and fencing, listing and deletion, schema version."""
+
+from __future__ import annotations
+
+import pytest
+from kazoo.client import KazooClient
+
+from sparkapp.config import Engine
+from sparkapp.core.state_machine import OffsetRange, Phase
+from sparkapp.edges.store import SCHEMA_VERSION, FencedError, PartitionKey, StateStore, StateStoreError
+
+
+@pytest.fixture(params=[Engine.KEEPER_MAP, Engine.ROCKSDB], ids=["keepermap", "rocksdb"])
+def store(request, ch_db):
+    client, db = ch_db
+    s = StateStore(client, "chsink_state", request.param, keeper_path=f"/store_{db}")
+    s.ensure_schema()
+    s.ensure_schema()  # idempotent
+    return s
+
+
+def test_transitions_and_listing(store):
+    e = store.acquire_epoch("s1")
+    a, b = PartitionKey("s1", "t", 0), PartitionKey("s1", "t", 1, "db.tbl")
+    assert store.get(a) is None
+    store.begin(a, OffsetRange(0, 9), e)
+    assert store.get(a).state.phase is Phase.BEFORE
+    store.commit(a, OffsetRange(0, 9), e)
+    store.begin(b, OffsetRange(5, 7), e)
+    got = store.get(a).state
+    assert (got.range, got.phase, got.epoch) == (OffsetRange(0, 9), Phase.AFTER, e)
+    assert [r.pk for r in store.list_sink("s1")] == [a, b]
+    assert store.get_many([a, b]).keys() == {a, b}
+    assert store.list_sink("other") == []
+
+
+def test_one_table_many_sinks_and_delete(store):
+    e1, e2 = store.acquire_epoch("s1"), store.acquire_epoch("s2")
+    for p in range(3):
+        store.begin(PartitionKey("s1", "t", p), OffsetRange(0, 1), e1)
+        store.begin(PartitionKey("s2", "t", p), OffsetRange(0, 1), e2)
+    assert store.delete("s1", [("t", 0), ("t", 2)]) == 2
+    assert [r.pk.partition for r in store.list_sink("s1")] == [1]
+    assert store.delete("s1") == 1
+    assert store.list_sink("s1") == [] and len(store.list_sink("s2")) == 3
+    assert store.current_epoch("s1") == 0  # the epoch row is gone with the sink
+
+
+def test_epochs_increase_and_fence_stale_writers(store):
+    old = store.acquire_epoch("s1")
+    pk = PartitionKey("s1", "t", 0)
+    store.begin(pk, OffsetRange(0, 9), old)
+    new = store.acquire_epoch("s1")
+    assert new == old + 1
+    # the stale writer can't start anything new ...
+    with pytest.raises(FencedError, match="stale"):
+        store.begin(PartitionKey("s1", "t", 1), OffsetRange(0, 9), old)
+    # ... and once the new run touched the partition, can neither move it nor insert
+    store.begin(pk, OffsetRange(0, 9), new)
+    with pytest.raises(FencedError):
+        store.commit(pk, OffsetRange(0, 9), old)
+    with pytest.raises(FencedError):
+        store.check_fence(pk, old)
+    assert store.get(pk).state.epoch == new
+
+
+def test_newer_schema_version_is_refused(store):
+    store.client.command(f"ALTER TABLE {store.fqn} UPDATE epoch = {SCHEMA_VERSION + 1} WHERE key = '__schema__'")
+    with pytest.raises(StateStoreError, match="newer than this chsink"):
+        store.ensure_schema()
+
+
+def test_keepermap_state_lives_in_zookeeper(ch_db, zookeeper):
+    client, db = ch_db
+    s = StateStore(client, "st", Engine.KEEPER_MAP, keeper_path=f"/zk_{db}")
+    s.ensure_schema()
+    e = s.acquire_epoch("s1")
+    s.begin(PartitionKey("s1", "t", 0), OffsetRange(0, 1), e)
+    zk = KazooClient(hosts=zookeeper.hosts)
+    zk.start(10)
+    try:
+        assert len(zk.get_children(f"/chsink_keeper_map/zk_{db}/data")) == 3  # schema, epoch, partition
+    finally:
+        zk.stop()

@@ -1,0 +1,107 @@
+"""Shared test helpers: build decoders and inserters on a real chdb table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sparkapp.core.blocks import build_blocks, dedup_token
+from sparkapp.core.records import Message
+from sparkapp.core.state_machine import OffsetRange
+from sparkapp.edges.clickhouse import load_schema
+from sparkapp.edges.insert import Inserter
+from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
+from sparkapp.formats.rows import decode_batch
+
+
+def msg(value: Any, offset: int = 0, topic: str = "t", partition: int = 0, key: bytes | None = None) -> Message:
+    raw = value if isinstance(value, bytes | type(None)) else json.dumps(value).encode()
+    return Message(topic, partition, offset, raw, key, 1_700_000_000_000 + offset)
+
+
+def load_rows(client: Any, db: str, table: str, messages: list[Message], spec: DecoderSpec | None = None):
+    """Decodes and inserts messages in one block; returns the dead letters."""
+    schema = load_schema(client, db, table)
+    rows, dead = decode_batch(make_decoder(spec or DecoderSpec(Format.JSON), schema), messages)
+    if rows:
+        rng = OffsetRange(rows[0][0], rows[-1][0])
+        for b in build_blocks(rng, rows, schema.names, 1000, lambda w: dedup_token("test", "t", 0, w)):
+            Inserter(client, schema).insert(b)
+    return dead
+
+
+def read_dlq(bootstrap: str, topic: str, n: int, linger_s: float = 2.0) -> list[Any]:
+    """Reads the dead-letter topic from the start: n messages, then waits briefly for any extra."""
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"dlq-{topic}", "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    out: list[Any] = []
+    while True:
+        m = c.poll(15 if len(out) < n else linger_s)
+        if m is None:
+            break
+        if m.error() is None:
+            out.append(m)
+    c.close()
+    assert len(out) >= n, f"only {len(out)} of {n} dead letters arrived"
+    return out
+
+
+class _Raw(str):
+    """A JSON number written as is."""
+
+
+def reference_lines(messages: list[Message], columns: tuple[str, ...], max_bytes: int = 8 << 20):
+    """What `sparkapp.formats.jsoneachrow.build_lines` computes, written plainly, one record at a time."""
+    import pyarrow as pa
+
+    out = []
+    for m in messages:
+        v = (m.value or b"").decode("utf-8", errors="surrogateescape").strip(" \t\r\n") if m.value is not None else None
+        if v is None or len(m.value or b"") > max_bytes or not (v.startswith("{") and v.endswith("}")):
+            out.append(None)
+            continue
+        meta = {}
+        for c in ("_topic", "_partition", "_offset", "_timestamp", "_key"):
+            if c not in columns:
+                continue
+            if c == "_timestamp":
+                meta[c] = _Raw(f"{m.timestamp_ms // 1000}.{m.timestamp_ms % 1000:03d}")
+            elif c == "_key":
+                if m.key is not None:
+                    meta[c] = m.key.decode("utf-8", errors="replace")
+            else:
+                meta[c] = {"_topic": m.topic, "_partition": m.partition, "_offset": m.offset}[c]
+        if not meta:
+            out.append(v + "\n")
+            continue
+        head = "{" + ",".join(f"{json.dumps(k)}:{v if isinstance(v, _Raw) else json.dumps(v, ensure_ascii=False)}"
+                              for k, v in meta.items())
+        rest = "}" if v[1:-1].strip(" \t\r\n") == "" else "," + v[1:]
+        out.append(head + rest + "\n")
+    return pa.array(out, pa.string())
+
+
+def messages_table(messages: list[Message]):
+    """Messages as the Arrow table Spark's Kafka source hands over."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    return pa.table({
+        "topic": [m.topic for m in messages], "partition": pa.array([m.partition for m in messages], pa.int32()),
+        "offset": pa.array([m.offset for m in messages], pa.int64()),
+        "key": pa.array([m.key for m in messages], pa.binary()), "value": pa.array([m.value for m in messages], pa.binary()),
+        "timestamp": pa.array([dt.datetime.fromtimestamp(m.timestamp_ms / 1000, dt.UTC) for m in messages],
+                              pa.timestamp("us", "UTC")),
+    })
+
+
+def line_batch(messages: list[Message], columns: tuple[str, ...]):
+    """A fast-path LineBatch of messages, its lines built as the job builds them."""
+    from sparkapp.formats.jsoneachrow import LineBatch, build_lines
+
+    lines = build_lines(messages_table(messages), columns, 8 << 20)
+    odd = [m for m, line in zip(messages, lines.to_pylist(), strict=True) if line is None]
+    return LineBatch([m.offset for m in messages], lines, lambda: list(messages), lambda: odd)
