@@ -4,6 +4,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 PYTEST_ARGS ?=
 
 .PHONY: setup test lint demo bench clean
+DEMO_ARGS ?=
 
 setup:
 	@hack/setup.sh
@@ -18,8 +19,10 @@ test: lint
 	pytest $(PYTEST_ARGS) --ignore=tests/e2e/test_sharding.py
 	pytest $(PYTEST_ARGS) tests/e2e/test_sharding.py
 
-demo: setup
-	python -m hack.demo
+# The demo provisions only what it uses (a JRE, Kafka, Spark's Kafka connector), not the Kubernetes parts.
+demo:
+	@hack/setup.sh demo
+	python -m hack.demo $(DEMO_ARGS)
 
 BENCH_ARGS ?=
 bench: setup

@@ -111,7 +111,7 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
                         "triggerInterval": "0 seconds"},
            "checkpointLocation": str(work / "checkpoint")}
     (work / "sink.yaml").write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, CHSINK_SPARK_JARS=",".join(connector_jars()), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = work / "job.log"
     with open(log, "wb") as out:
         spy = [str(Path(sys.executable).parent / "py-spy"), "record", "-r", "50", "-f", "speedscope",

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -24,7 +25,6 @@ import yaml
 
 from hack.testbed import Kafka
 from hack.testbed.process import REPO
-from hack.testbed.spark import connector_jars
 
 TABLE = """CREATE TABLE IF NOT EXISTS demo.events (
     event_id UInt64, user_id UInt64, event_type LowCardinality(String), country LowCardinality(String),
@@ -77,15 +77,25 @@ def produce(kafka: Kafka, topic: str, n: int, partitions: int) -> int:
     return bad
 
 
+_BATCH = re.compile(r"chsink\.job: batch (\d+): (\d+) records from (\d+) partitions in ([\d.]+)s")
+
+
 class Job:
+    """The job as a user runs it (`python -m sparkapp run`), with each run's batches shown as they happen."""
+
     def __init__(self, config: Path, work: Path) -> None:
         self.config, self.work = config, work
         self.proc: subprocess.Popen[str] | None = None
+        self.runs = 0
         self.batches = 0
+        self.rows = 0
+        self.started = time.monotonic()
 
     def start(self, *extra: str) -> None:
-        env = dict(os.environ, CHSINK_SPARK_JARS=",".join(connector_jars()), PYTHONUNBUFFERED="1")
-        self.batches = 0
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.runs += 1
+        self.batches = self.rows = 0
+        self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "sparkapp", "run", "--config", str(self.config), *extra],
                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
@@ -96,10 +106,18 @@ class Job:
         with open(self.work / "job.log", "a") as log:
             for line in self.proc.stdout:
                 log.write(line)
-                if "chsink.job: batch " in line:
+                m = _BATCH.search(line)
+                if m:
                     self.batches += 1
-                if line.startswith("[chsink") or "ERROR" in line or "configuration error" in line:
+                    self.rows += int(m[2])
+                    rate = self.rows / max(time.monotonic() - self.started, 1e-3)
+                    print(f"   run {self.runs}, batch {self.batches}: {int(m[2]):,} records from {m[3]} partitions in "
+                          f"{float(m[4]):.2f}s; this run {self.rows:,} records, {rate:,.0f} rows/s", flush=True)
+                elif "done:" in line or "ERROR" in line or "configuration error" in line:
                     print("   " + line.rstrip(), flush=True)
+
+    def delivered(self) -> str:
+        return f"run {self.runs} had delivered {self.batches} batch(es), {self.rows:,} records"
 
     def wait_batches(self, n: int, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -122,6 +140,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=80_000, help="offsets per micro-batch (maxOffsetsPerTrigger)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     a = ap.parse_args()
     t_start = time.monotonic()
@@ -144,7 +163,7 @@ def main() -> int:
             "name": "demo", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": ["events"]},
             "clickhouse": {"endpoints": [f"chdb://{chdb}"], "database": "demo", "tables": {"events": "events"}},
             "state": {"engine": "EmbeddedRocksDB"}, "dlq": {"topic": "events-dlq"},
-            "batching": {"maxOffsetsPerTrigger": 80_000, "blockOffsets": 100_000, "triggerInterval": "1 second"},
+            "batching": {"maxOffsetsPerTrigger": a.batch, "blockOffsets": 100_000, "triggerInterval": "1 second"},
             "checkpointLocation": str(work / "checkpoint"),
         }))
         job = Job(config, work)
@@ -152,11 +171,11 @@ def main() -> int:
         say("starting the job (embedded ClickHouse + EmbeddedRocksDB state)")
         job.start()
         job.wait_batches(3)
-        say("SIGKILL #1 mid-stream")
+        say(f"SIGKILL #1 mid-stream ({job.delivered()})")
         job.kill()
         job.start()
         job.wait_batches(2)
-        say("SIGKILL #2 mid-stream, and the Spark checkpoint is deleted")
+        say(f"SIGKILL #2 mid-stream ({job.delivered()}), and the Spark checkpoint is deleted")
         job.kill()
         shutil.rmtree(work / "checkpoint")
         say("restarting: starting offsets now come from the state store")

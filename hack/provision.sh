@@ -2,7 +2,8 @@
 # Provisions the real test bed: apt packages, Kafka jars, Spark connector jars, kube-apiserver,
 # kubectl, etcd and helm built from Go modules, and the upstream SparkApplication CRDs.
 # Idempotent: every part lands in ~/.cache/chsink/<part>-<version> and is skipped when present.
-# Usage: hack/provision.sh [all|apt|kafka|spark|k8s|etcd|helm|crds]...
+# Usage: hack/provision.sh [all|demo|apt|java|kafka|spark|k8s|etcd|helm|crds]...
+#   demo: only what `make demo` needs (a JRE, Kafka, Spark's Kafka connector); all: the whole test bed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -25,7 +26,8 @@ step() {
 
 apt_install() {
   local missing=()
-  for p in zookeeper default-jre-headless; do
+  local p
+  for p in "$@"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -35,9 +37,11 @@ apt_install() {
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     log "apt: done in $((SECONDS - t0))s"
   else
-    log "apt: zookeeper present"
+    log "apt: $* present"
   fi
 }
+
+java_present() { command -v java >/dev/null 2>&1 && { log "java: $(command -v java) present"; return 0; }; return 1; }
 
 # maven_copy DEST GROUP:ARTIFACT:VERSION...: resolves artifacts and their runtime dependencies
 # from Maven Central into DEST with a throw-away pom.
@@ -153,8 +157,10 @@ parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(all)
 t_all=$SECONDS
 for p in "${parts[@]}"; do
   case $p in
-    all) apt_install; kafka; spark_jars; crds; etcd; k8s; helm ;;
-    apt) apt_install ;;
+    all) apt_install zookeeper default-jre-headless; kafka; spark_jars; crds; etcd; k8s; helm ;;
+    demo) java_present || apt_install default-jre-headless; kafka; spark_jars ;;
+    apt) apt_install zookeeper default-jre-headless ;;
+    java) java_present || apt_install default-jre-headless ;;
     kafka) kafka ;;
     spark) spark_jars ;;
     k8s) k8s ;;

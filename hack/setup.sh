@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Creates the Python environment (uv, locked) and provisions the test bed. Safe to re-run.
+# Usage: hack/setup.sh [PART...]: the parts of hack/provision.sh (default: all; `demo`: only what the demo needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
@@ -9,4 +10,4 @@ if ! command -v uv >/dev/null 2>&1; then
 fi
 uv sync --frozen --quiet
 echo "[setup] python env ready ($(.venv/bin/python --version), $((SECONDS - t0))s)" >&2
-PATH="$PWD/.venv/bin:$PATH" hack/provision.sh all
+PATH="$PWD/.venv/bin:$PATH" hack/provision.sh "${@:-all}"

@@ -14,6 +14,20 @@ import pytest
 from hack.testbed import Etcd, Kafka, KubeApiServer, ZooKeeper, cached, spark_session, versions
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every temporary file of the run, this process's and its children's (Spark's block managers and
+    unpacked native libraries, chdb's insert buffers), goes under the run's basetemp, never /tmp."""
+    import tempfile
+
+    base = Path(config.option.basetemp or tempfile.mkdtemp(prefix="chsink-tests-")).resolve()
+    scratch = base / "scratch"
+    (scratch / "spark-local").mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(scratch)
+    os.environ["SPARK_LOCAL_DIRS"] = str(scratch / "spark-local")
+    os.environ["SPARK_SUBMIT_OPTS"] = f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData"
+    tempfile.tempdir = None  # recomputed from TMPDIR
+
+
 @pytest.fixture(scope="session")
 def testbed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("testbed")

@@ -17,11 +17,15 @@ from .process import ManagedProcess, TestbedError, cached, free_port, versions
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 
 
-def _java() -> str:
+def _java(workdir: Path) -> list[str]:
+    """The java command for a server in `workdir`: its temporary files (native libraries it unpacks) stay there,
+    and no perf data is written to /tmp."""
     java = shutil.which("java")
     if not java:
         raise TestbedError("java not found on PATH: run `make setup`")
-    return java
+    tmp = workdir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return [java, f"-Djava.io.tmpdir={tmp}", "-XX:-UsePerfData"]
 
 
 class ZooKeeper(ManagedProcess):
@@ -49,7 +53,7 @@ class ZooKeeper(ManagedProcess):
         )
 
     def command(self) -> list[str]:
-        return [_java(), "-Xmx256m", "-cp", f"{self.workdir / 'conf'}:{ZOOKEEPER_JAR}",
+        return [*_java(self.workdir), "-Xmx256m", "-cp", f"{self.workdir / 'conf'}:{ZOOKEEPER_JAR}",
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.workdir / "conf" / "zoo.cfg")]
 
     def ready(self) -> bool:
@@ -117,15 +121,16 @@ class Kafka(ManagedProcess):
         )
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         fmt = subprocess.run(
-            [_java(), "-cp", self._classpath(), f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.yaml'}",
-             "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)],  # may start with "-"
+            [*_java(self.workdir), "-cp", self._classpath(),
+             f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.yaml'}", "kafka.tools.StorageTool", "format",
+             f"--cluster-id={cluster_id}", "-c", str(props)],  # the id may start with "-"
             capture_output=True, text=True, timeout=120,
         )
         if fmt.returncode != 0:
             raise TestbedError(f"kafka: storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
 
     def command(self) -> list[str]:
-        return [_java(), "-Xmx768m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+        return [*_java(self.workdir), "-Xmx768m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
                 f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.yaml'}",
                 "-cp", self._classpath(), "kafka.Kafka", str(self.workdir / "server.properties")]
 
@@ -137,10 +142,7 @@ class Kafka(ManagedProcess):
         return len(md.brokers) == 1
 
     def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
-        from confluent_kafka.admin import (
-            AdminClient,
-            NewTopic,  # type: ignore[attr-defined]
-        )
+        from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         fut = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])[name]
@@ -149,10 +151,7 @@ class Kafka(ManagedProcess):
                         30, f"topic {name} visible")
 
     def add_partitions(self, name: str, total: int) -> None:
-        from confluent_kafka.admin import (
-            AdminClient,
-            NewPartitions,  # type: ignore[attr-defined]
-        )
+        from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         admin.create_partitions([NewPartitions(name, total)])[name].result(30)

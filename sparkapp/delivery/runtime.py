@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, SinkConfig
 from ..core.records import Message
@@ -28,6 +28,9 @@ from ..formats.rows import DecodeError, Decoder
 from ..formats.schema import SchemaError, TableSchema
 from .context import PartitionResult, Refetch, WriterContext
 from .writer import write_lines, write_partition
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 log = logging.getLogger(__name__)
 UNROUTABLE = "__unroutable__"
@@ -47,22 +50,23 @@ def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int]) -
 class Runtime:
     cfg: SinkConfig
     epoch: int
-    client: Any
+    client: Client
     store: StateStore
     dlq: KafkaDeadLetterSink | None
     contexts: dict[str, WriterContext] = field(default_factory=dict)
     missing_tables: dict[str, str] = field(default_factory=dict)
     fast: dict[str, WriterContext | None] = field(default_factory=dict)  # per topic, see fast_context
-    health: Health = field(init=False)  # shared by every table's shards: one physical shard, one health
-
-    def __post_init__(self) -> None:
-        self.health = Health(self.cfg.name)
+    health: Health = field(default_factory=Health)  # shared by every table's shards: one physical shard, one health
 
     @classmethod
     def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:
         client = clickhouse_client(cfg.clickhouse)
         dlq = KafkaDeadLetterSink(cfg.dlq.topic, cfg.kafka.client_options()) if cfg.dlq.topic else None
         return cls(cfg, epoch, client, state_store(cfg, client), dlq)
+
+    def close(self) -> None:
+        if self.dlq is not None:
+            self.dlq.close()
 
     # ---- table routing (tableField / tableHeader) ----------------------------------------------
 
@@ -128,7 +132,7 @@ class Runtime:
             shards=self._shard_set(table, schema) if table != UNROUTABLE else None,
         )
 
-    def _new_inserter(self, client: Any, schema: TableSchema) -> Inserter:
+    def _new_inserter(self, client: Client, schema: TableSchema) -> Inserter:
         return Inserter(client, schema, self.cfg.clickhouse.settings,
                         skip_unknown_fields=self.cfg.format.unknown_fields == "ignore")
 

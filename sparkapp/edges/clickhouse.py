@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import ClickHouseConfig, ConfigError
 from ..formats.schema import SchemaError, TableSchema, build_schema
 
-_CHDB_CLIENTS: dict[tuple[str, str | None], Any] = {}
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+_CHDB_CLIENTS: dict[tuple[str, str | None], Client] = {}
 
 
 def redact_dsn(dsn: str) -> str:
     return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", dsn)
 
 
-def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Any:
+def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Client:
     """A client for one endpoint (default: the first); connection problems become ConfigError."""
     import clickhouse_connect
 
@@ -45,7 +48,7 @@ def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Any
         raise ConfigError(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {first}") from None
 
 
-def load_schema(client: Any, database: str, table: str) -> TableSchema:
+def load_schema(client: Client, database: str, table: str) -> TableSchema:
     """Reads the table's columns; constant DEFAULT expressions are evaluated once by ClickHouse."""
     res = client.query(
         "SELECT name, type, default_kind, default_expression FROM system.columns "

@@ -109,6 +109,11 @@ class KafkaDeadLetterSink:
         finally:
             c.close()
 
+    def close(self) -> None:
+        """Releases the producer (everything sent was flushed), so it does not outlive the job reaching for a
+        broker that is gone."""
+        self.producer.close()
+
     def send(self, sink: str, dead: Sequence[DeadLetter]) -> None:
         errors: list[str] = []
 

@@ -13,10 +13,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.blocks import Block, LineBlock, payload
 from ..formats.schema import TableSchema
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class Recovery:
 class Inserter:
     """Sends blocks to one ClickHouse endpoint (one shard)."""
 
-    def __init__(self, client: Any, schema: TableSchema, settings: dict[str, Any] | None = None,
+    def __init__(self, client: Client, schema: TableSchema, settings: dict[str, Any] | None = None,
                  retries: int = 5, backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep,
                  skip_unknown_fields: bool = True) -> None:
         self.client = client
@@ -90,7 +93,9 @@ class Inserter:
         while True:
             try:
                 if isinstance(block, LineBlock):
-                    self.client.raw_insert(self.schema.fqn, None, block.payload, settings=settings, fmt="JSONEachRow")
+                    # a memoryview goes out as the request body as is: the lines are never copied
+                    self.client.raw_insert(self.schema.fqn, None, block.payload,  # type: ignore[arg-type]
+                                           settings=settings, fmt="JSONEachRow")
                 else:
                     self.client.insert(self.schema.fqn, list(block.data), column_names=list(block.columns),
                                        column_oriented=True, settings=settings)

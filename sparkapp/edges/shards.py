@@ -35,7 +35,6 @@ class LayoutError(RuntimeError):
 class Health:
     """Per physical shard (endpoint and database): down since when, and when it was last tried."""
 
-    sink: str
     retry_interval_s: float = 5.0
     down: dict[str, tuple[float, str]] = field(default_factory=dict)  # label -> (last try, reason)
 

@@ -13,12 +13,15 @@ import datetime as dt
 import enum
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Engine, SinkConfig
 from ..core.state_machine import OffsetRange, Phase, StoredState
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 SCHEMA_VERSION = 2  # v2: dlq phase + mark (v1 had a dlq_done flag)
 _STRICT = {"keeper_map_strict_mode": 1}
@@ -112,7 +115,7 @@ def _is_node_exists(e: Exception) -> bool:
 class StateStore:
     """State rows over ClickHouse SQL. All methods are IO; the state machine stays pure."""
 
-    def __init__(self, client: Any, table: str, engine: Engine = Engine.KEEPER_MAP,
+    def __init__(self, client: Client, table: str, engine: Engine = Engine.KEEPER_MAP,
                  keeper_path: str | None = None, database: str | None = None) -> None:
         self.client = client
         self.engine = engine
@@ -309,11 +312,10 @@ class StateStore:
     def _update(self, assignments: str, where: str) -> None:
         self.client.command(f"ALTER TABLE {self.fqn} UPDATE {assignments} WHERE {where}", settings=_STRICT)
 
-    def _select(self, where: str) -> list[tuple[Any, ...]]:
-        rows: list[tuple[Any, ...]] = self.client.query(f"SELECT {_SELECT} FROM {self.fqn} WHERE {where}").result_rows
-        return rows
+    def _select(self, where: str) -> Sequence[Sequence[Any]]:
+        return self.client.query(f"SELECT {_SELECT} FROM {self.fqn} WHERE {where}").result_rows
 
-    def _state_row(self, r: tuple[Any, ...]) -> StateRow:
+    def _state_row(self, r: Sequence[Any]) -> StateRow:
         pk = PartitionKey(r[1], r[2], int(r[3]), r[4])
         state = StoredState(OffsetRange(int(r[6]), int(r[7])), Phase(r[5]), int(r[8]), int(r[10]))
         return StateRow(pk, state, r[9], int(r[11]), DlqPhase(r[12]), r[13], r[14])
@@ -324,7 +326,7 @@ def _q(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def state_store(cfg: SinkConfig, client: Any) -> StateStore:
+def state_store(cfg: SinkConfig, client: Client) -> StateStore:
     """The sink's state store on an open ClickHouse client."""
     return StateStore(client, cfg.state.table, cfg.state.engine, cfg.state.keeper_path,
                       cfg.state.database or cfg.clickhouse.database)

@@ -30,7 +30,7 @@ from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.kafka import topic_partitions
 from ..edges.store import FencedError, resume_positions, state_store
 from .batches import deliver, executor_fn, guarded, outcome_ddl, partition_slices
-from .session import build_session, checkpoint_exists, fresh_checkpoint
+from .session import build_session, checkpoint_exists, fresh_checkpoint, session_conf
 
 log = logging.getLogger("chsink.job")
 STOP_MARKER = "chsink: stop requested"
@@ -71,6 +71,9 @@ class BatchWriter:
 
     def drain(self) -> None:
         """Waits for work in the background; its failure fails the job."""
+
+    def close(self) -> None:
+        """Releases the runtimes this writer opened on the driver."""
 
 
 class DriverWriter(BatchWriter):
@@ -118,6 +121,10 @@ class DriverWriter(BatchWriter):
             pending, self.pending = self.pending, None
             pending.result()
 
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.rt.close()
+
 
 class ExecutorWriter(BatchWriter):
     """HTTP endpoints: each executor task writes its own partition; the driver only collects outcomes."""
@@ -145,6 +152,10 @@ class ExecutorWriter(BatchWriter):
     def run_aside(self, fn: Callable[[], None]) -> None:
         with self.job.in_batch:
             fn()
+
+    def close(self) -> None:
+        if self._runtime is not None:
+            self._runtime.close()
 
 
 class SinkJob:
@@ -261,8 +272,16 @@ class SinkJob:
         return reader, checkpoint, has_ckpt
 
     def run(self, until_idle: float | None = None, max_seconds: float | None = None) -> int:
+        conf = session_conf(self.cfg)  # before anything else: a missing connector is a setup error, not a fencing
         parts = self.preflight()
-        spark = build_session(self.cfg)
+        try:
+            return self._run(conf, parts, until_idle, max_seconds)
+        finally:
+            self.writer.close()
+
+    def _run(self, conf: dict[str, str], parts: dict[str, int], until_idle: float | None,
+             max_seconds: float | None) -> int:
+        spark = build_session(self.cfg, conf)
         reader, checkpoint, has_ckpt = self._reader(spark, parts)
         log.info("sink %s epoch %d: %s; writer on %s", self.cfg.name, self.epoch,
                  "resuming from checkpoint" if has_ckpt else f"starting offsets from the state store {self.starting}",

@@ -4,31 +4,62 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
-from ..config import SinkConfig
+from ..config import ConfigError, SinkConfig
 
 log = logging.getLogger("chsink.job")
 
 
-def build_session(cfg: SinkConfig) -> Any:
-    from pyspark.sql import SparkSession
-
+def session_conf(cfg: SinkConfig) -> dict[str, str]:
+    """The Spark conf the job runs with; ConfigError when Spark's Kafka connector cannot be found."""
     conf = dict(cfg.spark_conf)
     if conf.get("spark.speculation", "false").lower() != "false":
         log.warning("spark.speculation=true ignored: a speculative task would write a partition twice")
     conf["spark.speculation"] = "false"
     conf.setdefault("spark.sql.session.timeZone", "UTC")
     conf.setdefault("spark.ui.showConsoleProgress", "false")
+    if not os.environ.get("SPARK_ENV_LOADED") and "spark.jars" not in conf:  # launched by spark-submit: its job
+        jars = kafka_connector_jars(conf)
+        if jars:
+            conf["spark.jars"] = ",".join(jars)
+    return conf
+
+
+def build_session(cfg: SinkConfig, conf: dict[str, str]) -> Any:
+    from pyspark.sql import SparkSession
+
     builder = SparkSession.builder.appName(f"chsink-{cfg.name}")
     if not os.environ.get("SPARK_ENV_LOADED") and "spark.master" not in conf:
         builder = builder.master(os.environ.get("CHSINK_SPARK_MASTER", "local[2]"))
-    jars = os.environ.get("CHSINK_SPARK_JARS")
-    if jars and "spark.jars" not in conf:
-        conf["spark.jars"] = jars
     for k, v in conf.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()
+
+
+def kafka_connector_jars(conf: dict[str, str]) -> list[str]:
+    """The jars that give Spark its `kafka` source when the job runs outside spark-submit: $CHSINK_SPARK_JARS,
+    else what `make setup` caches; none when Spark already has them (its jars folder, spark.jars.packages).
+    ConfigError, in one line, when they are nowhere."""
+    import pyspark
+
+    if os.environ.get("CHSINK_SPARK_JARS"):
+        return [j for j in os.environ["CHSINK_SPARK_JARS"].split(",") if j]
+    if "spark.jars.packages" in conf:
+        return []
+    homes = [Path(pyspark.__file__).parent] + ([Path(os.environ["SPARK_HOME"])] if os.environ.get("SPARK_HOME") else [])
+    if any(next((h / "jars").glob("spark-sql-kafka-0-10_*.jar"), None) for h in homes):
+        return []
+    cache_root = Path(os.environ.get("CHSINK_CACHE") or Path.home() / ".cache" / "chsink")
+    cache = cache_root / f"spark-kafka-{pyspark.__version__}"
+    jars = sorted(str(j) for j in cache.glob("*.jar"))
+    if not jars:
+        raise ConfigError(
+            f"Spark's Kafka connector (spark-sql-kafka-0-10 {pyspark.__version__}) is not installed: run `make setup` "
+            f"(it caches the jars in {cache}), or set CHSINK_SPARK_JARS=<jar,...>, or sparkConf "
+            f"spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}")
+    return jars
 
 
 _SPARK_CHECKPOINT_ENTRIES = {"offsets", "commits", "metadata", "sources", "state", "metadata.crc"}

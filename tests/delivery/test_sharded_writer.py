@@ -49,7 +49,7 @@ def shards(ch_db):
 
 def shard_set(client: Any, dbs: dict[int, list[str]], layouts: dict[int, Layout], current: int) -> ShardSet:
     return ShardSet(layouts, current, lambda lay, s: Inserter(client, load_schema(client, dbs[lay][s], "ev")),
-                    lambda lay, s: dbs[lay][s], Health(SINK))
+                    lambda lay, s: dbs[lay][s], Health())
 
 
 def context(client: Any, store: StateStore, ss: ShardSet, fault: Any = None, refetch: Any = None) -> WriterContext:
