@@ -15,9 +15,10 @@ def spark_source(bootstrap: str, topic: str, jars: str) -> dict[str, float]:
     spark = (SparkSession.builder.master("local[2]").config("spark.jars", jars)
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    from sparkapp.config import SOURCE_FETCH_DEFAULTS  # the job's own source settings: a fair comparison
+    from sparkapp.config import READ_COMMITTED, SOURCE_FETCH_DEFAULTS  # the job's own source settings: fair
 
     reader = (spark.read.format("kafka").options(**SOURCE_FETCH_DEFAULTS)
+              .options(**{f"kafka.{k}": v for k, v in READ_COMMITTED.items()})
               .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic))
     reader.load().limit(1000).selectExpr("sum(length(value))").collect()  # warm-up: JIT, metadata
     t0 = time.monotonic()

@@ -27,7 +27,10 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,118}[a-z0-9])?$")
 SOURCE_FETCH_DEFAULTS = {"kafka.max.partition.fetch.bytes": str(16 << 20), "kafka.fetch.max.bytes": str(64 << 20),
                          "kafka.receive.buffer.bytes": str(4 << 20)}
 _FORBIDDEN_SOURCE_OPTIONS = {"minpartitions", "maxrecordsperpartition", "assign", "subscribe", "subscribepattern",
-                             "startingoffsets", "kafka.group.id", "groupidprefix"}
+                             "startingoffsets", "kafka.group.id", "groupidprefix", "kafka.isolation.level"}
+# Every reader (Spark's source, re-reads, the verifier) sees committed records only: Spark's consumer would
+# otherwise read aborted records and those of open transactions as data.
+READ_COMMITTED = {"isolation.level": "read_committed"}
 
 
 class Engine(enum.Enum):
@@ -92,6 +95,8 @@ class KafkaConfig(Strict):
             raise ValueError("give either `topics` or `topicPattern`, not both")
         if self.topic_pattern:
             re.compile(self.topic_pattern)
+        if self.options.get("isolation.level", "read_committed") != "read_committed":
+            raise ValueError("options isolation.level: chsink reads read_committed only (aborted records are not data)")
         bad = sorted(k for k in self.source_options if k.lower() in _FORBIDDEN_SOURCE_OPTIONS)
         if bad:
             raise ValueError(f"sourceOptions {bad} are managed by chsink (they would split a partition across "
@@ -109,7 +114,7 @@ class KafkaConfig(Strict):
         """The same options for Spark's Kafka source (prefixed `kafka.`), secrets resolved, with larger
         fetches by default; `sourceOptions` come last and win."""
         return {**SOURCE_FETCH_DEFAULTS, **{f"kafka.{k}": v for k, v in self.client_options().items()},
-                **self.source_options}
+                **self.source_options, **{f"kafka.{k}": v for k, v in READ_COMMITTED.items()}}
 
 
 class ClickHouseConfig(Strict):

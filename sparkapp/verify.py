@@ -1,8 +1,10 @@
 """The verifier (after eBay's runtime verifier): Kafka offsets vs ClickHouse `_offset` vs the DLQ.
 
 For every partition it reports duplicates (an offset twice in ClickHouse, twice in the DLQ, or in
-both), gaps (an offset that exists in Kafka, lies at or below what the state store says was
-delivered, and is in neither place), rows outside the Kafka range, and what is still pending.
+both), gaps (an offset that holds a committed record in Kafka, lies below what the state store says was
+delivered, and is in neither place: every one of them, however many), rows outside the Kafka range, and
+what is still pending (committed records above that point, in neither place). Offsets without a record
+(compacted away, aborted transactions, transaction markers) are neither gaps nor pending.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from .config import SinkConfig
 from .core.state_machine import OffsetRange
 from .edges.clickhouse import clickhouse_client, load_schema
 from .edges.dlq import read_dead_letters
-from .edges.kafka import consumer, read_range, topic_partitions, watermarks
+from .edges.kafka import consumer, present_offsets, topic_partitions, watermarks
 from .edges.store import resume_positions, state_store
 
 
@@ -129,18 +131,12 @@ def _dlq_offsets(cfg: SinkConfig) -> Counter[tuple[str, int, int]]:
 
 
 def _existing(cfg: SinkConfig, topic: str, partition: int, missing: list[int]) -> list[int]:
-    """Of offsets missing from ClickHouse and the DLQ, those that really exist in Kafka (not markers/compacted)."""
-    out: list[int] = []
-    runs: list[list[int]] = []
-    for o in missing:
-        if runs and o == runs[-1][-1] + 1:
-            runs[-1].append(o)
-        else:
-            runs.append([o])
-    for run in runs[:200]:
-        present = {m.offset for m in read_range(cfg.kafka, topic, partition, OffsetRange(run[0], run[-1]))}
-        out += [o for o in run if o in present]
-    return out
+    """Of offsets missing from ClickHouse and the DLQ, those that hold records in Kafka: one read over their
+    whole span, so every one is checked, wherever compaction left holes."""
+    if not missing:
+        return []
+    present = present_offsets(cfg.kafka, topic, partition, OffsetRange(missing[0], missing[-1]))
+    return [o for o in missing if o in present]
 
 
 def verify(cfg: SinkConfig) -> Report:
@@ -166,7 +162,8 @@ def verify(cfg: SinkConfig) -> Report:
                                     if ch_here.get(o, 0) + dlq_here.get(o, 0) > 1)
             rep.outside = sorted(o for o in ch_here if o >= hi or o < 0)
             missing = [o for o in range(lo, min(hi, rep.delivered_to)) if o not in ch_here and o not in dlq_here]
-            rep.gaps = _existing(cfg, topic, p, missing) if missing else []
-            rep.pending = sum(1 for o in range(max(lo, rep.delivered_to), hi) if o not in ch_here and o not in dlq_here)
+            rep.gaps = _existing(cfg, topic, p, missing)
+            waiting = [o for o in range(max(lo, rep.delivered_to), hi) if o not in ch_here and o not in dlq_here]
+            rep.pending = len(_existing(cfg, topic, p, waiting))
             reports.append(rep)
     return Report(cfg.name, reports, tables, notes)

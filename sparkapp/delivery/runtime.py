@@ -20,7 +20,7 @@ from ..edges.clickhouse import clickhouse_client, load_schema, redact_dsn
 from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import Inserter
 from ..edges.kafka import read_range
-from ..edges.shards import Health, ShardSet
+from ..edges.shards import Health, ShardSet, ShardUnavailableError
 from ..edges.store import PartitionKey, StateStore, resume_positions, state_store
 from ..formats.jsoneachrow import LineBatch, eligible
 from ..formats.registry import Format, make_decoder
@@ -191,13 +191,19 @@ class Runtime:
         """Delivers one topic-partition's batch: one state transition per target table."""
         groups, reasons = self.by_table(topic, messages)
         results = []
+        stalled: ShardUnavailableError | None = None
         for table, msgs in sorted(groups.items()):
             found = self._unroutable_context(reasons) if table == UNROUTABLE else self._context(table)
             assert found is not None
             ctx = found
             ctx.refetch = self._refetcher(table)
             pk = PartitionKey(self.cfg.name, topic, partition, table if self.cfg.clickhouse.routed else "")
-            results.append(write_partition(ctx, pk, msgs))
+            try:
+                results.append(write_partition(ctx, pk, msgs))
+            except ShardUnavailableError as e:  # the other tables still take their records of this batch:
+                stalled = stalled or e  # skipping them would leave a hole below their next range
+        if stalled is not None:
+            raise stalled
         return results
 
     def catch_up(self, topic: str, partition: int, start: int | None, upto: int) -> list[PartitionResult]:

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from ..config import READ_COMMITTED
 from ..core.records import DeadLetter
 
 HEADER_REASON = "chsink.reason"
@@ -86,7 +87,8 @@ class KafkaDeadLetterSink:
         from confluent_kafka import Consumer
 
         return Consumer({**self.config, "group.id": f"chsink-dlq-{uuid.uuid4().hex}", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest", "log_level": 0})
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest", "log_level": 0,
+                         **READ_COMMITTED})
 
     def mark(self) -> str:
         """The topic's current end offsets, as `partition:offset,...`."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
-from ..config import ConfigError, KafkaConfig
+from ..config import READ_COMMITTED, ConfigError, KafkaConfig
 from ..core.records import Message
 from ..core.state_machine import OffsetRange
 
@@ -39,7 +41,7 @@ def consumer(cfg: KafkaConfig, group: str = "chsink-reader") -> Any:
     from confluent_kafka import Consumer
 
     return Consumer({**cfg.client_options(), "group.id": group, "enable.auto.commit": False,
-                     "enable.partition.eof": True, "auto.offset.reset": "earliest", "log_level": 0})
+                     "enable.partition.eof": True, "auto.offset.reset": "earliest", "log_level": 0, **READ_COMMITTED})
 
 
 def watermarks(cfg: KafkaConfig, topic: str, partition: int) -> tuple[int, int]:
@@ -53,16 +55,14 @@ def watermarks(cfg: KafkaConfig, topic: str, partition: int) -> tuple[int, int]:
         c.close()
 
 
-def read_range(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRange, timeout: float = 60.0) -> list[Message]:
-    """Reads every message with an offset in rng (gaps are skipped by Kafka itself)."""
+def _scan(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRange, timeout: float,
+          take: Callable[[Any], None]) -> None:
+    """Hands every committed record with an offset in rng to `take`, in order (gaps are skipped by Kafka)."""
     from confluent_kafka import KafkaError, TopicPartition
 
     c = consumer(cfg)
-    out: list[Message] = []
     try:
         c.assign([TopicPartition(topic, partition, rng.min)])
-        import time
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = c.poll(1.0)
@@ -70,17 +70,33 @@ def read_range(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRange, t
                 continue
             if m.error():
                 if m.error().code() == KafkaError._PARTITION_EOF:
-                    break
+                    return
                 raise RuntimeError(f"re-reading {topic}/{partition} {rng}: {m.error()}")
             if m.offset() > rng.max:
-                break
-            ts = m.timestamp()[1]
-            out.append(Message(topic, partition, m.offset(), m.value(), m.key(), ts,
-                               tuple((k, v or b"") for k, v in (m.headers() or []))))
+                return
+            take(m)
             if m.offset() >= rng.max:
-                break
-        else:
-            raise RuntimeError(f"timed out re-reading {topic}/{partition} {rng}")
+                return
+        raise RuntimeError(f"timed out re-reading {topic}/{partition} {rng}")
     finally:
         c.close()
+
+
+def read_range(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRange, timeout: float = 60.0) -> list[Message]:
+    """Reads every message with an offset in rng (gaps are skipped by Kafka itself)."""
+    out: list[Message] = []
+
+    def take(m: Any) -> None:
+        out.append(Message(topic, partition, m.offset(), m.value(), m.key(), m.timestamp()[1],
+                           tuple((k, v or b"") for k, v in (m.headers() or []))))
+
+    _scan(cfg, topic, partition, rng, timeout, take)
+    return out
+
+
+def present_offsets(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRange,
+                    timeout: float = 300.0) -> set[int]:
+    """The offsets in rng that hold committed records (not compacted away, not aborted, not markers)."""
+    out: set[int] = set()
+    _scan(cfg, topic, partition, rng, timeout, lambda m: out.add(m.offset()))
     return out
