@@ -18,7 +18,7 @@ from ..core.routing import key_type_ok
 from ..core.state_machine import OffsetRange
 from ..edges.clickhouse import clickhouse_client, load_schema, redact_dsn
 from ..edges.dlq import KafkaDeadLetterSink
-from ..edges.insert import Inserter
+from ..edges.insert import Inserter, unsafe_target
 from ..edges.kafka import read_range
 from ..edges.shards import Health, ShardSet, ShardUnavailableError
 from ..edges.store import PartitionKey, StateStore, resume_positions, state_store
@@ -103,7 +103,7 @@ class Runtime:
         if not isinstance(name, str) or not name:
             return None, f"no target table: field/header {ch.table_field or ch.table_header!r} missing"
         if self._context(name) is None:
-            return None, f"unknown target table {name!r}: {self.missing_tables[name]}"
+            return None, self.missing_tables[name]
         return name, ""
 
     # ---- writing ------------------------------------------------------------------------------
@@ -116,7 +116,13 @@ class Runtime:
         try:
             schema = load_schema(self.client, self.cfg.clickhouse.shard_database(0), table)
         except SchemaError as e:
-            self.missing_tables[table] = str(e)
+            self.missing_tables[table] = f"unknown target table {table!r}: {e}"
+            return None
+        unsafe = unsafe_target(self.client, schema)
+        if unsafe is not None:
+            if not self.cfg.clickhouse.routed:
+                raise ConfigError(f"clickhouse.tables: {unsafe}")
+            self.missing_tables[table] = f"target table {table!r} refused: {unsafe}"
             return None
         decoder = make_decoder(self.cfg.format.decoder_spec(), schema)
         self.contexts[table] = self._make_context(table, schema, decoder)
@@ -163,6 +169,9 @@ class Runtime:
             if other.names != schema.names:
                 raise ConfigError(f"clickhouse shard {shard} (layout v{layout}): table {other.fqn} has columns "
                                   f"{list(other.names)}, unlike {schema.fqn} {list(schema.names)}")
+            unsafe = unsafe_target(client, other)
+            if unsafe is not None:
+                raise ConfigError(f"clickhouse shard {shard} (layout v{layout}): {unsafe}")
             return self._new_inserter(client, other)
 
         def label(layout: int, shard: int) -> str:

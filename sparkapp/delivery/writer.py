@@ -218,8 +218,7 @@ def _send(ctx: WriterContext, pk: PartitionKey, blocks: Sequence[Block | LineBlo
                 if retry:
                     sent = inserter.retry(sub, pk.topic, pk.partition)
                 else:
-                    inserter.insert(sub)
-                    sent = sub.rows
+                    sent = inserter.insert(sub, (pk.topic, pk.partition))
             except InsertError as e:
                 if ctx.shards is None or not (isinstance(e.__cause__, Exception) and is_transient(e.__cause__)):
                     raise

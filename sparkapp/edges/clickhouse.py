@@ -73,3 +73,39 @@ def load_schema(client: Client, database: str, table: str) -> TableSchema:
                 ) from e
         rows.append((name, type_text, kind, default))
     return build_schema(database, table, rows)
+
+
+def dedup_window(client: Client, database: str, table: str) -> tuple[str, int]:
+    """The table's engine and how many recent insert tokens it remembers (its deduplication window; 0 for
+    engines that do not deduplicate inserts)."""
+    res = client.query("SELECT engine, engine_full FROM system.tables WHERE database = {db:String} "
+                       "AND name = {t:String}", parameters={"db": database, "t": table})
+    if not res.result_rows:
+        raise SchemaError(f"target table `{database}`.`{table}` does not exist")
+    engine, full = (str(v) for v in res.result_rows[0])
+    if not engine.endswith("MergeTree"):
+        return engine, 0
+    name = "replicated_deduplication_window" if engine.startswith("Replicated") else \
+        "non_replicated_deduplication_window"
+    m = re.search(rf"\b{name}\s*=\s*(\d+)", full)
+    if m:
+        return engine, int(m.group(1))
+    default = client.query("SELECT value FROM system.merge_tree_settings WHERE name = {n:String}",
+                           parameters={"n": name}).result_rows
+    return engine, int(default[0][0]) if default else 0
+
+
+def view_targets(client: Client, database: str, table: str) -> list[tuple[str, str]]:
+    """(database, table) of the tables the materialized views reading `table` write to."""
+    res = client.query("SELECT dependencies_database, dependencies_table FROM system.tables "
+                       "WHERE database = {db:String} AND name = {t:String}", parameters={"db": database, "t": table})
+    out: list[tuple[str, str]] = []
+    for dbs, names in res.result_rows:
+        for vdb, view in zip(dbs, names, strict=True):
+            q = client.query("SELECT create_table_query, toString(uuid) FROM system.tables "
+                             "WHERE database = {db:String} AND name = {t:String} AND engine = 'MaterializedView'",
+                             parameters={"db": vdb, "t": view})
+            for create, uuid in q.result_rows:
+                m = re.search(r"\bTO\s+`?([\w]+)`?\.`?([\w]+)`?", str(create))
+                out.append((m.group(1), m.group(2)) if m else (vdb, f".inner_id.{uuid}"))
+    return out

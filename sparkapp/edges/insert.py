@@ -1,17 +1,22 @@
 """Inserting blocks into ClickHouse with their deduplication tokens, retries and recovery.
 
-A retry always re-sends the identical block with the identical token. When a BEFORE block is
-retried and the table carries `_topic`, `_partition` and `_offset`, the inserter first counts what
-already landed, so the end state holds each offset exactly once even after the deduplication
-window has expired: landed -> skip, not landed -> insert, partial -> insert only the missing rows
-(under their own deterministic token).
+A block is one window of a range and goes out as exactly one ClickHouse block under its token, whatever
+the path (JSON lines parsed by ClickHouse, or rows decoded in Python): the same window is the same insert.
+
+A failed attempt may have committed (the reply was lost), so no attempt after the first is sent blindly.
+When the table carries `_topic`, `_partition` and `_offset`, the inserter first counts what already
+landed, so the end state holds each offset exactly once whatever the deduplication window: landed ->
+skip, not landed -> insert, partial -> insert only the missing rows (under their own deterministic
+token). Without those columns the identical block and token are re-sent, and ClickHouse's deduplication
+window drops the copy; a table with neither is refused at start (retry_safety).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,21 +28,63 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Error codes worth retrying: network, timeouts, Keeper hiccups, too many parts, memory pressure, and a
-# shard's table or database missing (detached, being re-created): the shard's partitions wait for it.
-_TRANSIENT_CODES = {3, 60, 81, 159, 164, 209, 210, 241, 242, 252, 319, 425, 999, 1000, 1002}
-_TRANSIENT_WORDS = ("timeout", "timed out", "connection", "temporarily", "too many parts", "keeper", "zookeeper",
-                    "broken pipe", "reset by peer", "network")
+# ClickHouse error codes worth retrying: network and timeouts, Keeper hiccups, too many parts or queries,
+# memory pressure, read-only replicas, and a shard's table or database missing (detached, being
+# re-created): the shard's partitions wait for it. Any other code is the data's or the config's fault.
+_TRANSIENT_CODES = {3, 60, 81, 159, 164, 202, 203, 209, 210, 241, 242, 252, 279, 285, 319, 425, 999, 1000, 1002}
+_CODE = re.compile(r"(?:Code: |error code )(\d+)")
+# Settings no sink config may change: synchronous, deduplicated inserts, deduplicated in materialized views too
+PINNED = {"async_insert": 0, "insert_deduplicate": 1, "deduplicate_blocks_in_dependent_materialized_views": 1}
 
 
 class InsertError(RuntimeError):
     """An insert failed permanently or ran out of retries."""
 
 
-def is_transient(e: Exception) -> bool:
-    text = str(e).lower()
+def error_code(e: BaseException) -> int | None:
+    """The ClickHouse error code of an exception (its first `Code: N`), None when it carries none."""
     code = getattr(e, "code", None)
-    return (isinstance(code, int) and code in _TRANSIENT_CODES) or any(w in text for w in _TRANSIENT_WORDS)
+    if isinstance(code, int):
+        return code
+    m = _CODE.search(str(e))
+    return int(m.group(1)) if m else None
+
+
+def is_transient(e: BaseException) -> bool:
+    """Decided by the ClickHouse error code, or by the exception type for errors without one (the network):
+    never by words, since a rejected record's own text is quoted in its error."""
+    code = error_code(e)
+    if code is not None:
+        return code in _TRANSIENT_CODES
+    from clickhouse_connect.driver.exceptions import OperationalError
+
+    return isinstance(e, OperationalError | ConnectionError | TimeoutError | OSError)
+
+
+def retry_safety(schema: TableSchema, engine: str, dedup_window: int,
+                 views: Sequence[tuple[str, str, int]] = ()) -> str | None:
+    """Why a retried insert into this table (or the materialized views it feeds: `views` gives each view
+    target's database, table and deduplication window) could not be told from a first one; None when it can."""
+    if not engine.endswith("MergeTree"):
+        return (f"table {schema.fqn} has engine {engine}: chsink writes MergeTree-family tables, whose inserts it can "
+                "deduplicate and count (for a Distributed table, write to its local tables as shards)")
+    if not schema.has_offset_columns and dedup_window == 0:
+        return (f"table {schema.fqn} has no _topic/_partition/_offset columns and a deduplication window of 0: a "
+                "retried insert (a lost reply, a crash) could not be recognised as a duplicate. Add the columns, or "
+                "set non_replicated_deduplication_window (e.g. 1000) on the table")
+    for db, target, window in views:
+        if window == 0:
+            return (f"materialized view target `{db}`.`{target}` of {schema.fqn} has a deduplication window of 0: a "
+                    "retried insert would reach it twice. Set non_replicated_deduplication_window (e.g. 1000) on it")
+    return None
+
+
+def unsafe_target(client: Client, schema: TableSchema) -> str | None:
+    """retry_safety of a table as ClickHouse describes it (engine, window, the views it feeds)."""
+    from .clickhouse import dedup_window, view_targets
+
+    views = [(db, t, dedup_window(client, db, t)[1]) for db, t in view_targets(client, schema.database, schema.table)]
+    return retry_safety(schema, *dedup_window(client, schema.database, schema.table), views)
 
 
 @dataclass(frozen=True)
@@ -47,6 +94,9 @@ class Recovery:
     landed: int
     missing: tuple[int, ...]
     duplicated: tuple[int, ...]
+
+
+Where = tuple[str, int]  # the topic and partition a block's offsets belong to
 
 
 class Inserter:
@@ -70,37 +120,56 @@ class Inserter:
             "date_time_input_format": "best_effort", "input_format_allow_errors_num": 0,
             "input_format_allow_errors_ratio": 0,
         }
+        self._types = [c.type_text or str(c.type) for c in schema.columns]
 
-    def _settings(self, token: str, rows: int) -> dict[str, Any]:
-        if not token:  # the at-least-once baseline
-            return {**self.settings, "insert_deduplicate": 0}
-        return {
-            **self.settings,
-            "insert_deduplicate": 1,
-            "insert_deduplication_token": token,
+    def _settings(self, block: Block | LineBlock) -> dict[str, Any]:
+        if not block.token:  # the at-least-once baseline
+            return {**self.settings, "insert_deduplicate": 0, "async_insert": 0}
+        settings = {
+            **self.settings, **PINNED,
+            "insert_deduplication_token": block.token,
             # one insert must stay one ClickHouse block, or the token suffixes would depend on sizes
-            "max_insert_block_size": max(1_048_576, rows + 1),
+            "max_insert_block_size": max(1_048_576, block.rows + 1),
             "min_insert_block_size_rows": 0,
             "min_insert_block_size_bytes": 0,
         }
-
-    def insert(self, block: Block | LineBlock) -> None:
-        """Inserts one block; transient failures are retried with the identical block and token."""
-        settings = self._settings(block.token, block.rows)
         if isinstance(block, LineBlock):
             settings.update(self.line_settings)
+        return settings
+
+    def _send(self, block: Block | LineBlock) -> int:
+        """One INSERT of the block as one ClickHouse block; returns its rows."""
+        settings = self._settings(block)
+        if isinstance(block, LineBlock):
+            # a memoryview goes out as the request body as is: the lines are never copied
+            self.client.raw_insert(self.schema.fqn, None, block.payload,  # type: ignore[arg-type]
+                                   settings=settings, fmt="JSONEachRow")
+        else:
+            names = list(block.columns)
+            types = [self._types[self.schema.names.index(n)] for n in names]
+            ctx = self.client.create_insert_context(self.schema.fqn, names, column_type_names=types,
+                                                    column_oriented=True, settings=settings)
+            ctx.req_block_size = max(1, block.rows)  # the client would cut ~2 MB blocks, each with its own token
+            ctx.data = list(block.data)
+            self.client.insert(context=ctx)
+        self.inserts += 1
+        return block.rows
+
+    def insert(self, block: Block | LineBlock, where: Where | None = None) -> int:
+        """Inserts one block; returns the rows sent. After a failed attempt, which may have committed, the next
+        one re-sends only what did not land (`where` names the block's partition for that count)."""
+        return self._attempts(block, where, recovering=False)
+
+    def retry(self, block: Block | LineBlock, topic: str, partition: int) -> int:
+        """Re-sends a BEFORE block so the end state holds each of its offsets exactly once; returns the rows
+        sent (fewer than the block's when some had landed, and then only those rows count as inserted)."""
+        return self._attempts(block, (topic, partition), recovering=True)
+
+    def _attempts(self, block: Block | LineBlock, where: Where | None, recovering: bool) -> int:
         attempt = 0
         while True:
             try:
-                if isinstance(block, LineBlock):
-                    # a memoryview goes out as the request body as is: the lines are never copied
-                    self.client.raw_insert(self.schema.fqn, None, block.payload,  # type: ignore[arg-type]
-                                           settings=settings, fmt="JSONEachRow")
-                else:
-                    self.client.insert(self.schema.fqn, list(block.data), column_names=list(block.columns),
-                                       column_oriented=True, settings=settings)
-                self.inserts += 1
-                return
+                return self._recover(block, where) if recovering else self._send(block)
             except Exception as e:
                 attempt += 1
                 if attempt > self.retries or not is_transient(e):
@@ -109,6 +178,27 @@ class Inserter:
                 delay = self.backoff_s * 2 ** (attempt - 1)
                 log.warning("transient insert error, retry %d/%d in %.1fs: %s", attempt, self.retries, delay, e)
                 self.sleep(delay)
+                recovering = bool(block.token)  # the failed attempt may have committed: count before re-sending
+
+    def _recover(self, block: Block | LineBlock, where: Where | None) -> int:
+        if not self.schema.has_offset_columns or where is None:
+            return self._send(block)  # the identical block and token: the deduplication window drops a copy
+        rec = self.check(block, *where)
+        if rec.duplicated:
+            log.error("offsets %s of %s/%d appear more than once in %s before retry", rec.duplicated[:10],
+                      where[0], where[1], self.schema.fqn)
+        if not rec.missing:
+            return 0
+        if rec.landed == 0:
+            return self._send(block)
+        keep = [i for i, o in enumerate(block.offsets) if o in set(rec.missing)]
+        token = f"{block.token}|rest:{rec.missing[0]}-{rec.missing[-1]}:{len(rec.missing)}"
+        offsets = tuple(block.offsets[i] for i in keep)
+        if isinstance(block, LineBlock):
+            lines = block.lines.take(keep)
+            return self._send(replace(block, token=token, payload=payload(lines), offsets=offsets, lines=lines))
+        return self._send(replace(block, token=token, data=tuple([col[i] for i in keep] for col in block.data),
+                                  offsets=offsets))
 
     def check(self, block: Block | LineBlock, topic: str, partition: int) -> Recovery:
         """Counts the block's offsets already present in the table (needs the offset columns)."""
@@ -125,32 +215,3 @@ class Inserter:
             missing=tuple(o for o in block.offsets if o not in counts),
             duplicated=tuple(sorted(o for o, c in counts.items() if c > 1 or o not in present)),
         )
-
-    def retry(self, block: Block | LineBlock, topic: str, partition: int) -> int:
-        """Re-sends a BEFORE block so the end state holds each of its offsets exactly once; returns the rows
-        sent (fewer than the block's when some had landed, and then only those rows count as inserted)."""
-        if not self.schema.has_offset_columns:
-            self.insert(block)  # relies on the deduplication window; see README "Window limits"
-            return block.rows
-        try:
-            rec = self.check(block, topic, partition)
-        except Exception as e:
-            raise InsertError(f"cannot count what landed of {block.token} in {self.schema.fqn}: {e}") from e
-        if rec.duplicated:
-            log.error("offsets %s of %s/%d appear more than once in %s before retry", rec.duplicated[:10],
-                      topic, partition, self.schema.fqn)
-        if not rec.missing:
-            return 0
-        if rec.landed == 0:
-            self.insert(block)
-            return block.rows
-        keep = [i for i, o in enumerate(block.offsets) if o in set(rec.missing)]
-        token = f"{block.token}|rest:{rec.missing[0]}-{rec.missing[-1]}:{len(rec.missing)}"
-        offsets = tuple(block.offsets[i] for i in keep)
-        if isinstance(block, LineBlock):
-            lines = block.lines.take(keep)
-            self.insert(replace(block, token=token, payload=payload(lines), offsets=offsets, lines=lines))
-        else:
-            self.insert(replace(block, token=token, data=tuple([col[i] for i in keep] for col in block.data),
-                                offsets=offsets))
-        return len(offsets)

@@ -21,6 +21,7 @@ class Column:
     default_kind: str = ""  # '', DEFAULT, MATERIALIZED, ALIAS, EPHEMERAL
     default: Any = None  # value used when a record lacks the field
     conv: Converter = field(default=lambda v: v, compare=False, repr=False)
+    type_text: str = ""  # the type as ClickHouse spells it (what a client sends with an insert)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def build_schema(database: str, table: str, rows: list[tuple[str, str, str, Any]
         t = parse_type(type_text)
         conv = converter(t)
         value = zero_value(t) if kind == "" else conv(default) if default is not None else zero_value(t)
-        cols.append(Column(name, t, kind, value, conv))
+        cols.append(Column(name, t, kind, value, conv, type_text))
     if not cols:
         raise SchemaError(f"table `{database}`.`{table}` has no insertable columns")
     return TableSchema(database, table, tuple(cols))

@@ -27,6 +27,7 @@ from ..delivery.context import PartitionOutcome
 from ..delivery.runtime import Runtime, starting_offsets
 from ..edges.clickhouse import clickhouse_client, load_schema
 from ..edges.dlq import KafkaDeadLetterSink
+from ..edges.insert import unsafe_target
 from ..edges.kafka import topic_partitions
 from ..edges.store import FencedError, resume_positions, state_store
 from .batches import deliver, executor_fn, guarded, outcome_ddl, partition_slices
@@ -186,9 +187,12 @@ class SinkJob:
                 raise ConfigError(f"clickhouse.tables: no table for topic {topic!r} (add it or a '*' entry)")
             if table is not None:
                 try:
-                    load_schema(client, ch.shard_database(0), table)
+                    schema = load_schema(client, ch.shard_database(0), table)
+                    unsafe = unsafe_target(client, schema)
                 except Exception as e:
                     raise ConfigError(f"clickhouse.tables[{topic!r}]: {e}") from None
+                if unsafe is not None:
+                    raise ConfigError(f"clickhouse.tables[{topic!r}]: {unsafe}")
         store = state_store(self.cfg, client)
         store.ensure_schema()
         self.epoch = store.acquire_epoch(self.cfg.name, owner=f"{socket.gethostname()}:{os.getpid()}")

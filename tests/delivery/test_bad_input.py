@@ -105,3 +105,23 @@ def test_unknown_fields_rejected_when_configured(ch_db):
     decode = make_decoder(DecoderSpec(Format.JSON, unknown_fields="reject"), schema)
     with pytest.raises(ValueError, match=r"unknown field.*extra"):
         decode(msg({**GOOD, "extra": 1}))
+
+
+def test_a_record_whose_text_reads_like_a_network_error_is_dead_lettered_not_retried(ch_db, kafka, topic):
+    """ClickHouse quotes a rejected record in its error; whether to retry is decided by the error's code,
+    so a record saying "connection reset ... timeout" is bad data, not an outage that stalls its partition."""
+    from sparkapp.delivery.writer import write_lines
+    from tests.helpers import line_batch
+
+    client, db = ch_db
+    client.command(TABLE)
+    dlq_topic = topic(1)
+    ctx = make_ctx(client, db, "ev", DecoderSpec(Format.JSON),
+                   KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap}))
+    ctx.inserter.retries = 1
+    poison = {**GOOD, "id": "upstream connection timeout: Connection reset by peer (network)"}
+    messages = [msg({**GOOD, "id": 10 + i} if i != 3 else poison, offset=i, topic="src") for i in range(8)]
+    res = write_lines(ctx, PartitionKey("s1", "src", 0), line_batch(messages, ctx.inserter.schema.names))
+    assert (res.inserted_rows, res.dead_lettered) == (7, 1)
+    [dead] = read_dlq(kafka.bootstrap, dlq_topic, 1)
+    assert dict(dead.headers())[HEADER_REASON].decode().startswith("column `id`: expected UInt32")

@@ -144,8 +144,9 @@ def test_only_unrouted_json_sinks_on_strict_tables_take_the_fast_path(ch_db):
     from sparkapp.delivery.runtime import Runtime
 
     client, db = ch_db
-    client.command("CREATE TABLE fast_ok (id UInt64, _offset UInt64) ENGINE = MergeTree ORDER BY id")
-    client.command("CREATE TABLE fast_no (id UInt32, _offset UInt64) ENGINE = MergeTree ORDER BY id")
+    window = "SETTINGS non_replicated_deduplication_window = 100"  # no offset columns: retries rely on it
+    client.command(f"CREATE TABLE fast_ok (id UInt64, _offset UInt64) ENGINE = MergeTree ORDER BY id {window}")
+    client.command(f"CREATE TABLE fast_no (id UInt32, _offset UInt64) ENGINE = MergeTree ORDER BY id {window}")
     store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/fast_{db}")
 
     def runtime(**extra):

@@ -135,6 +135,11 @@ def test_config_errors_are_actionable(tmp_path, kafka, topic):
     # a topic that does not exist
     path = _config(tmp_path, bootstrap=kafka.bootstrap, topic="no-such-topic")
     assert_config_error(run_cli("run", "--config", str(path)), "topic(s) ['no-such-topic'] do not exist")
+    # a table whose retried inserts could not be told from first ones (no offset columns, no dedup window)
+    subprocess.run([sys.executable, "-m", "hack.chsql", str(tmp_path / "chdb"),
+                    "CREATE TABLE default.bare (id UInt64) ENGINE = MergeTree ORDER BY id"], cwd=REPO, check=True)
+    path = _config(tmp_path, bootstrap=kafka.bootstrap, topic=src, table="bare")
+    assert_config_error(run_cli("run", "--config", str(path)), "clickhouse.tables[", "deduplication window of 0")
 
 
 def test_verifier_reports_duplicates_gaps_and_rows_outside(tmp_path, kafka, topic):
