@@ -110,7 +110,7 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
         _dead_letter(ctx, pk, dead_in)
         result.dead_lettered += len(dead_in)
         ctx.store.check_fence(pk, ctx.epoch)
-        for w, offsets, lines in batch.windows(rng, ctx.block_offsets):
+        for w, offsets, lines in batch.windows(rng, place.block_offsets):
             block = LineBlock(w, _token(pk, w, place.shard), payload(lines), offsets, lines, place.shard)
             try:
                 _send(ctx, pk, [block], retry, result, place)
@@ -134,23 +134,28 @@ def _token(pk: PartitionKey, w: OffsetRange, shard: int) -> str:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a range goes: the shard layout and shard its state row records."""
+    """Where a range goes and how it is cut: the shard layout, shard and window size its state row records."""
 
     layout: int
     shard: int
+    block_offsets: int
 
 
 def _placement(ctx: WriterContext, pk: PartitionKey, row: StateRow | None, retry: bool) -> Placement:
-    """A re-sent BEFORE range keeps the layout and shard its row recorded, so it reaches the shard its first
-    attempt reached; a new range takes the current layout (and the shard that layout gives the partition)."""
-    if ctx.shards is None:
-        return Placement(ctx.layout, ctx.shard)
+    """A re-sent BEFORE range keeps the layout, shard and window size its row recorded, so it is cut into the
+    same windows and reaches the shard its first attempt reached, whatever the config says now; a new range
+    takes the current layout (and the shard that layout gives the partition) and window size."""
     if retry:
         assert row is not None
+        size = row.block_offsets or ctx.block_offsets  # rows written before v3 recorded no size
+        if ctx.shards is None:
+            return Placement(row.state.layout, row.shard, size)
         ctx.shards.layout(row.state.layout, str(pk))
-        return Placement(row.state.layout, row.shard)
+        return Placement(row.state.layout, row.shard, size)
+    if ctx.shards is None:
+        return Placement(ctx.layout, ctx.shard, ctx.block_offsets)
     lay = ctx.shards.layouts[ctx.shards.current]
-    return Placement(lay.version, lay.range_shard(pk.topic, pk.partition))
+    return Placement(lay.version, lay.range_shard(pk.topic, pk.partition), ctx.block_offsets)
 
 
 def _check_up(ctx: WriterContext, pk: PartitionKey, layout: int, shard: int) -> None:
@@ -163,7 +168,7 @@ def _check_up(ctx: WriterContext, pk: PartitionKey, layout: int, shard: int) -> 
 
 def _begin(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, place: Placement) -> None:
     ctx.fault("before_begin")
-    ctx.store.begin(pk, rng, ctx.epoch, place.layout, place.shard)
+    ctx.store.begin(pk, rng, ctx.epoch, place.layout, place.shard, place.block_offsets)
     ctx.fault("after_begin")
 
 
@@ -186,7 +191,7 @@ def _deliver_decoded(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, ret
     _dead_letter(ctx, pk, dead_in)
     result.dead_lettered += len(dead_in)
     blocks = build_blocks(rng, [r for r in rows if lo <= r[0] <= rng.max], ctx.inserter.schema.names,
-                          ctx.block_offsets, lambda w: _token(pk, w, place.shard), place.shard)
+                          place.block_offsets, lambda w: _token(pk, w, place.shard), place.shard)
     ctx.store.check_fence(pk, ctx.epoch)
     _send(ctx, pk, blocks, retry, result, place)
 

@@ -23,7 +23,7 @@ from ..core.state_machine import OffsetRange, Phase, StoredState
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-SCHEMA_VERSION = 2  # v2: dlq phase + mark (v1 had a dlq_done flag)
+SCHEMA_VERSION = 3  # v3: block_offsets (the window size a range was cut with); v2: dlq phase + mark
 _STRICT = {"keeper_map_strict_mode": 1}
 
 
@@ -83,6 +83,7 @@ class StateRow:
     dlq: DlqPhase
     dlq_mark: str
     updated_at: dt.datetime
+    block_offsets: int = 0  # offsets per window the range was cut with: a retry cuts the same windows (0: unknown)
 
 
 def resume_positions(rows: Iterable[StateRow]) -> dict[tuple[str, int], int]:
@@ -98,11 +99,12 @@ _COLUMNS = (
     "key String, kind Enum8('partition' = 1, 'epoch' = 2, 'schema' = 3), sink String, topic String, "
     "partition Int32, target String, phase Enum8('NONE' = 0, 'BEFORE' = 1, 'AFTER' = 2), "
     "min_offset Int64, max_offset Int64, epoch UInt64, owner String, layout UInt32, shard UInt32, "
-    "dlq Enum8('NONE' = 0, 'DONE' = 1, 'SENDING' = 2), dlq_mark String, updated_at DateTime64(3, 'UTC')"
+    "dlq Enum8('NONE' = 0, 'DONE' = 1, 'SENDING' = 2), dlq_mark String, updated_at DateTime64(3, 'UTC'), "
+    "block_offsets UInt32"
 )
 _NAMES = (
     "key", "kind", "sink", "topic", "partition", "target", "phase", "min_offset", "max_offset",
-    "epoch", "owner", "layout", "shard", "dlq", "dlq_mark", "updated_at",
+    "epoch", "owner", "layout", "shard", "dlq", "dlq_mark", "updated_at", "block_offsets",
 )
 _SELECT = ", ".join(n for n in _NAMES if n != "kind")
 
@@ -196,13 +198,15 @@ class StateStore:
         rows = self._select(f"kind = 'partition' AND sink = {_q(sink)}")
         return sorted((self._state_row(r) for r in rows), key=lambda s: s.pk)
 
-    def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
-        """Records BEFORE over the range: from here on, a crash leads to an identical retry."""
+    def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0,
+              block_offsets: int = 0) -> None:
+        """Records BEFORE over the range, and how it is cut (layout, shard, window size): from here on, a crash
+        leads to an identical retry."""
         epoch_key = self._epoch_key(pk.sink)
         rows = {r[0]: r for r in self._select(f"key IN ({_q(pk.key)}, {_q(epoch_key)})")}  # one round trip
         _fence(pk, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
         existing = self._state_row(rows[pk.key]) if pk.key in rows else None
-        self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard, existing)
+        self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard, existing, block_offsets)
 
     def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
         """Records AFTER over the range `begin` recorded (dead-letter fields kept): update, then read back."""
@@ -266,7 +270,7 @@ class StateStore:
 
     def _transition(
         self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int, shard: int,
-        existing: StateRow | None,
+        existing: StateRow | None, block_offsets: int = 0,
     ) -> None:
         if existing is not None:
             _fence(pk, epoch, existing.state.epoch)
@@ -275,18 +279,19 @@ class StateStore:
         if existing is None:  # begin() has just checked the sink epoch: a stale writer cannot re-create it
             row = self._row(pk.key, "partition", sink=pk.sink, topic=pk.topic, partition=pk.partition,
                             target=pk.table, phase=phase.value, min_offset=rng.min, max_offset=rng.max,
-                            epoch=epoch, layout=layout, shard=shard)
+                            epoch=epoch, layout=layout, shard=shard, block_offsets=block_offsets)
             try:
                 self._insert([row], strict=True)
             except Exception as e:
                 if not _is_node_exists(e):
                     raise
-                return self._transition(pk, rng, phase, epoch, layout, shard, self.get(pk))  # raced: re-check
+                return self._transition(pk, rng, phase, epoch, layout, shard, self.get(pk),  # raced: re-check
+                                        block_offsets)
         else:
             self._update(
                 f"phase = '{phase.value}', min_offset = {rng.min}, max_offset = {rng.max}, epoch = {epoch}, "
                 f"layout = {layout}, shard = {shard}, dlq = '{dlq.value}', dlq_mark = {_q(mark)}, "
-                "updated_at = now64(3)",
+                f"block_offsets = {block_offsets}, updated_at = now64(3)",
                 f"key = {_q(pk.key)} AND epoch <= {epoch}",
             )
         return self._read_back(pk, rng, phase, epoch, layout)
@@ -304,7 +309,7 @@ class StateStore:
         return [key, kind, kw.get("sink", ""), kw.get("topic", ""), kw.get("partition", 0), kw.get("target", ""),
                 kw.get("phase", "NONE"), kw.get("min_offset", 0), kw.get("max_offset", 0), kw.get("epoch", 0),
                 kw.get("owner", ""), kw.get("layout", 0), kw.get("shard", 0), "NONE", "",
-                dt.datetime.now(dt.UTC)]
+                dt.datetime.now(dt.UTC), kw.get("block_offsets", 0)]
 
     def _insert(self, rows: list[list[Any]], strict: bool = False) -> None:
         self.client.insert(self.fqn, rows, column_names=list(_NAMES), settings=_STRICT if strict else None)
@@ -318,7 +323,7 @@ class StateStore:
     def _state_row(self, r: Sequence[Any]) -> StateRow:
         pk = PartitionKey(r[1], r[2], int(r[3]), r[4])
         state = StoredState(OffsetRange(int(r[6]), int(r[7])), Phase(r[5]), int(r[8]), int(r[10]))
-        return StateRow(pk, state, r[9], int(r[11]), DlqPhase(r[12]), r[13], r[14])
+        return StateRow(pk, state, r[9], int(r[11]), DlqPhase(r[12]), r[13], r[14], int(r[15]))
 
 
 def _q(s: str) -> str:

@@ -17,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,7 +196,8 @@ class SinkJob:
                     raise ConfigError(f"clickhouse.tables[{topic!r}]: {unsafe}")
         store = state_store(self.cfg, client)
         store.ensure_schema()
-        self.epoch = store.acquire_epoch(self.cfg.name, owner=f"{socket.gethostname()}:{os.getpid()}")
+        # a pod restarted under the same name can have the same pid: the owner must name this run alone
+        self.epoch = store.acquire_epoch(self.cfg.name, owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}")
         self.starting = starting_offsets(store, self.cfg.name, parts)
         if ch.embedded:
             dlq = KafkaDeadLetterSink(self.cfg.dlq.topic, k.client_options()) if self.cfg.dlq.topic else None

@@ -132,3 +132,24 @@ def test_tables_whose_retries_could_not_be_recognised_are_refused(ch_db):
     assert "has engine Null" in (why["nul"] or "")
     assert f"materialized view target `{db}`.`agg`" in (why["src"] or "")
     assert why["ok"] is None
+
+
+def test_a_range_retried_after_a_redeploy_with_another_block_size_is_cut_as_first_recorded(ch_db):
+    """A BEFORE range is re-sent in the windows its state row recorded, not those of the current config: a
+    redeploy with another blockOffsets (and another path) must still produce the same windows and tokens."""
+    client, db = ch_db
+    store, schema = setup(client, db, "_offset UInt64", 100)
+    msgs = records(150)
+    pk = PartitionKey("lost", "src", 0)
+
+    def crash_after_first_block(step: str) -> None:
+        if step == "after_block":
+            raise Crash(step)
+
+    with pytest.raises(Crash):
+        write_lines(context(client, store, schema, crash_after_first_block), pk, line_batch(msgs, schema.names))
+    assert store.get(pk).block_offsets == 50
+    redeployed = context(client, store, schema)
+    redeployed.block_offsets = 70
+    write_partition(redeployed, pk, msgs)
+    assert counts(client) == (150, 150)
