@@ -197,7 +197,8 @@ class SinkJob:
         store = state_store(self.cfg, client)
         store.ensure_schema()
         # a pod restarted under the same name can have the same pid: the owner must name this run alone
-        self.epoch = store.acquire_epoch(self.cfg.name, owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}")
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        self.epoch = store.acquire_epoch(self.cfg.name, owner=owner)
         self.starting = starting_offsets(store, self.cfg.name, parts)
         if ch.embedded:
             dlq = KafkaDeadLetterSink(self.cfg.dlq.topic, k.client_options()) if self.cfg.dlq.topic else None
