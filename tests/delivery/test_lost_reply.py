@@ -51,6 +51,12 @@ class Crash(Exception):
     pass
 
 
+def crash_after_first_block(step: str) -> None:
+    """The writer dies right after its first block committed, before AFTER: the range stays BEFORE."""
+    if step == "after_block":
+        raise Crash(step)
+
+
 def setup(client: Any, db: str, columns: str, window: int, mv: bool = False) -> tuple[StateStore, Any]:
     client.command(f"CREATE TABLE ev (id UInt64, pad String, {columns}) ENGINE = MergeTree ORDER BY id "
                    f"SETTINGS non_replicated_deduplication_window = {window}")
@@ -105,11 +111,6 @@ def test_a_fast_path_insert_retried_on_the_decoding_path_is_the_same_insert(ch_d
     store, schema = setup(client, db, "_offset UInt64", 100)
     msgs = records(150, pad=100_000)
     pk = PartitionKey("lost", "src", 0)
-
-    def crash_after_first_block(step: str) -> None:
-        if step == "after_block":
-            raise Crash(step)
-
     with pytest.raises(Crash):
         write_lines(context(client, store, schema, crash_after_first_block), pk, line_batch(msgs, schema.names))
     assert counts(client) == (50, 50)
@@ -141,11 +142,6 @@ def test_a_range_retried_after_a_redeploy_with_another_block_size_is_cut_as_firs
     store, schema = setup(client, db, "_offset UInt64", 100)
     msgs = records(150)
     pk = PartitionKey("lost", "src", 0)
-
-    def crash_after_first_block(step: str) -> None:
-        if step == "after_block":
-            raise Crash(step)
-
     with pytest.raises(Crash):
         write_lines(context(client, store, schema, crash_after_first_block), pk, line_batch(msgs, schema.names))
     assert store.get(pk).block_offsets == 50
