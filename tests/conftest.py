@@ -25,6 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TMPDIR"] = str(scratch)
     os.environ["SPARK_LOCAL_DIRS"] = str(scratch / "spark-local")
     os.environ["SPARK_SUBMIT_OPTS"] = f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData"
+    os.environ["SPARK_LAUNCHER_OPTS"] = "-XX:-UsePerfData"  # spark-submit's own launcher JVM
     tempfile.tempdir = None  # recomputed from TMPDIR
 
 

@@ -26,6 +26,18 @@ class ConversionError(ValueError):
     """A value does not fit its column's type."""
 
 
+class JsonNumber(float):
+    """A JSON number with a fraction or an exponent: a float wherever one is wanted, and the digits as written
+    for Decimal columns, which a float would round (-48209386309284.3501 is not a float)."""
+
+    text: str
+
+    def __new__(cls, text: str) -> JsonNumber:
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+
 @dataclass(frozen=True)
 class CHType:
     """A parsed ClickHouse type: name plus arguments (types, numbers, strings, named fields, enum items)."""
@@ -195,7 +207,8 @@ def _decimal_conv(t: CHType) -> Converter:
         if isinstance(v, bool) or not isinstance(v, int | float | str | decimal.Decimal):
             raise _wrong(t, v)
         try:
-            d = ctx.create_decimal(str(v).strip() if not isinstance(v, decimal.Decimal) else v)
+            d = ctx.create_decimal(v.text if isinstance(v, JsonNumber) else
+                                   v if isinstance(v, decimal.Decimal) else str(v).strip())
         except decimal.InvalidOperation:
             raise _wrong(t, v) from None
         if not d.is_finite():

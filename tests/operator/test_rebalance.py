@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 
 import yaml
 
@@ -65,8 +66,12 @@ def test_growing_then_shrinking_shards_plans_waits_for_approval_drains_then_appl
                   r["phase"] == "AwaitingApproval" and r)
     assert (rb["fromLayout"], rb["toLayout"]) == (0, 1)
     assert len(rb["plan"]) >= 2, "growing 2 -> 3 shards moves partitions to the new shard"
+    # only partitions of shards over their share (6 partitions / 3 shards) move, and every shard ends with 2
+    loads = Counter(layout.partition_shard(s["topic"], p) for p in range(6))
     for move in rb["plan"]:
-        assert set(move) == {"partition", "from", "to"} and move["to"].split()[0] == "2"
+        assert set(move) == {"partition", "from", "to"} and loads[int(move["from"].split()[0])] > 2, move
+    assert sorted(Counter(rb["target"]["assignment"].values()).values()) == [2, 2, 2]
+    assert any(move["to"].split()[0] == "2" for move in rb["plan"]), "the new shard gets partitions"
     assert job_config(s).sharding.layout == 0, "nothing applied before approval"
     plan_cmd = ("get", "clickhousesink", s["name"], "-o", "jsonpath={range .status.rebalance.plan[*]}"
                 "{.partition}{'\\t'}{.from}{' -> '}{.to}{'\\n'}{end}")
