@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from hack.testbed import Kafka
+from hack.testbed import Kafka, scratch_env
 from hack.testbed.process import REPO
 
 TABLE = """CREATE TABLE IF NOT EXISTS demo.events (
@@ -92,7 +92,7 @@ class Job:
         self.started = time.monotonic()
 
     def start(self, *extra: str) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = {**os.environ, **scratch_env(self.work / "scratch"), "PYTHONUNBUFFERED": "1"}
         self.runs += 1
         self.batches = self.rows = 0
         self.started = time.monotonic()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hack.testbed import Etcd, Kafka, KubeApiServer, ZooKeeper, cached, spark_session, versions
+from hack.testbed import Etcd, Kafka, KubeApiServer, ZooKeeper, cached, scratch_env, spark_session, versions
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -20,12 +20,7 @@ def pytest_configure(config: pytest.Config) -> None:
     import tempfile
 
     base = Path(config.option.basetemp or tempfile.mkdtemp(prefix="chsink-tests-")).resolve()
-    scratch = base / "scratch"
-    (scratch / "spark-local").mkdir(parents=True, exist_ok=True)
-    os.environ["TMPDIR"] = str(scratch)
-    os.environ["SPARK_LOCAL_DIRS"] = str(scratch / "spark-local")
-    os.environ["SPARK_SUBMIT_OPTS"] = f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData"
-    os.environ["SPARK_LAUNCHER_OPTS"] = "-XX:-UsePerfData"  # spark-submit's own launcher JVM
+    os.environ.update(scratch_env(base / "scratch"))
     tempfile.tempdir = None  # recomputed from TMPDIR
 
 

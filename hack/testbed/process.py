@@ -145,3 +145,12 @@ class ManagedProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def scratch_env(scratch: Path) -> dict[str, str]:
+    """Environment that keeps a process tree's temporary files (Python's, Spark's block managers and the
+    native libraries its JVMs unpack) under `scratch` instead of /tmp, even when the tree is SIGKILLed."""
+    (scratch / "spark-local").mkdir(parents=True, exist_ok=True)
+    return {"TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch / "spark-local"),
+            "SPARK_SUBMIT_OPTS": f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData",
+            "SPARK_LAUNCHER_OPTS": "-XX:-UsePerfData"}  # spark-submit's own launcher JVM
