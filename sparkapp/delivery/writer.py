@@ -115,7 +115,7 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
             try:
                 _send(ctx, pk, [block], retry, result, place)
             except InsertError as e:
-                if isinstance(e.__cause__, Exception) and is_transient(e.__cause__):
+                if _transient(e):
                     raise
                 log.warning("%s: ClickHouse rejected window %s (%s); decoding from there on in Python",
                             pk, w, str(e.__cause__ or e).splitlines()[0][:300])
@@ -126,6 +126,11 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
                 break
         _commit(ctx, pk, rng, retry, result, place)
     return result
+
+
+def _transient(e: InsertError) -> bool:
+    """Whether the insert failed for a reason that passes (an outage), not for what it carried."""
+    return isinstance(e.__cause__, Exception) and is_transient(e.__cause__)
 
 
 def _token(pk: PartitionKey, w: OffsetRange, shard: int) -> str:
@@ -147,11 +152,9 @@ def _placement(ctx: WriterContext, pk: PartitionKey, row: StateRow | None, retry
     takes the current layout (and the shard that layout gives the partition) and window size."""
     if retry:
         assert row is not None
-        size = row.block_offsets or ctx.block_offsets  # rows written before v3 recorded no size
-        if ctx.shards is None:
-            return Placement(row.state.layout, row.shard, size)
-        ctx.shards.layout(row.state.layout, str(pk))
-        return Placement(row.state.layout, row.shard, size)
+        if ctx.shards is not None:
+            ctx.shards.layout(row.state.layout, str(pk))  # LayoutError when the config no longer describes it
+        return Placement(row.state.layout, row.shard, row.block_offsets or ctx.block_offsets)
     if ctx.shards is None:
         return Placement(ctx.layout, ctx.shard, ctx.block_offsets)
     lay = ctx.shards.layouts[ctx.shards.current]
@@ -225,7 +228,7 @@ def _send(ctx: WriterContext, pk: PartitionKey, blocks: Sequence[Block | LineBlo
                 else:
                     sent = inserter.insert(sub, (pk.topic, pk.partition))
             except InsertError as e:
-                if ctx.shards is None or not (isinstance(e.__cause__, Exception) and is_transient(e.__cause__)):
+                if ctx.shards is None or not _transient(e):
                     raise
                 ctx.shards.health.failed(label, str(e.__cause__).splitlines()[0][:300])
                 raise ShardUnavailableError(label, str(e.__cause__).splitlines()[0][:300]) from e
