@@ -64,6 +64,6 @@ def refresh_sink_status(*, body: Any, namespace: Any, name: Any, spec: Any, meta
     if (spec or {}).get("state", DesiredState.RUNNING) == DesiredState.STOPPED:
         return
     current = dict(status or {})
-    if (current.get("rebalance") or {}).get("phase") == RebalancePhase.DRAINING:  # is the drain done?
+    if (current.get("rebalance") or {}).get("phase") in (RebalancePhase.SETTLING, RebalancePhase.DRAINING):
         reconciler.reconcile(body, namespace, name, dict(spec), dict(meta), current)
     sink_status(body, namespace, name, dict(spec))

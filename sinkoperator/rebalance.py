@@ -4,7 +4,8 @@ A layout is what a ClickHouseSink's job writes under: its version, shard endpoin
 weights and, for policy `partition`, the assignment of partitions to shards. The spec says what the
 user wants; `status.layout` says what the job runs with. When they differ, the operator plans a move
 (status.rebalance), waits for approval if the sink asks for it, drains the job (suspended at a batch
-boundary, every affected partition AFTER), and only then applies the new layout.
+boundary; a range it left BEFORE is re-sent under the layout it was sent under, kept as the previous one),
+and only then applies the new layout.
 """
 
 from __future__ import annotations

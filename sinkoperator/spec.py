@@ -42,8 +42,11 @@ class ConditionType(enum.StrEnum):
 
 
 class RebalancePhase(enum.StrEnum):
+    """Where a rebalance stands; the phases before APPLIED are re-checked on every status refresh."""
+
     AWAITING_APPROVAL = "AwaitingApproval"
-    DRAINING = "Draining"
+    SETTLING = "Settling"  # the job keeps running until no range is unconfirmed under a layout the plan would drop
+    DRAINING = "Draining"  # the job is suspended; applied as soon as it has stopped
     APPLIED = "Applied"
     CANCELLED = "Cancelled"
 

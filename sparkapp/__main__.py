@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 
 from .config import ConfigError, SinkConfig, load_config
+from .core.state_machine import IrrecoverableStateError
+from .delivery.context import DataLossError
 from .edges.store import FencedError
 
 
@@ -63,6 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FencedError as e:
         print(f"chsink: fenced: {e}", file=sys.stderr)
         return 3
+    except DataLossError as e:
+        print(f"chsink: data loss: {e}", file=sys.stderr)
+        return 4
+    except IrrecoverableStateError as e:
+        print(f"chsink: state does not match Kafka: {e}", file=sys.stderr)
+        return 5
 
 
 def _state(cfg: SinkConfig, args: argparse.Namespace) -> int:

@@ -103,6 +103,12 @@ class KafkaConfig(Strict):
                              "tasks or bypass the state store)")
         return self
 
+    @property
+    def fail_on_data_loss(self) -> bool:
+        """Spark's `failOnDataLoss` (default true): records deleted before delivery stop the run."""
+        opts = {k.lower(): v for k, v in self.source_options.items()}
+        return opts.get("failondataloss", "true").strip().lower() != "false"
+
     def client_options(self) -> dict[str, str]:
         """Options for confluent-kafka clients (producer, consumer, admin), secrets resolved."""
         out = {"bootstrap.servers": self.bootstrap_servers, **self.options}

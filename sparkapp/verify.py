@@ -4,7 +4,9 @@ For every partition it reports duplicates (an offset twice in ClickHouse, twice 
 both), gaps (an offset that holds a committed record in Kafka, lies below what the state store says was
 delivered, and is in neither place: every one of them, however many), rows outside the Kafka range, and
 what is still pending (committed records above that point, in neither place). Offsets without a record
-(compacted away, aborted transactions, transaction markers) are neither gaps nor pending.
+(compacted away, aborted transactions, transaction markers) are neither gaps nor pending. On a routed
+(multi-table) sink each table has its own position: a record above the slowest table's is routed as the
+writer routes it and judged by its own table's.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .config import SinkConfig
+from .core.routing import record_table
 from .core.state_machine import OffsetRange
+from .delivery.runtime import UNROUTABLE
 from .edges.clickhouse import clickhouse_client, load_schema
 from .edges.dlq import read_dead_letters
-from .edges.kafka import consumer, present_offsets, topic_partitions, watermarks
+from .edges.kafka import consumer, present_offsets, read_range, topic_partitions, watermarks
 from .edges.store import resume_positions, state_store
 
 
@@ -139,6 +143,29 @@ def _existing(cfg: SinkConfig, topic: str, partition: int, missing: list[int]) -
     return [o for o in missing if o in present]
 
 
+def _routed_gaps(cfg: SinkConfig, topic: str, partition: int, missing: list[int],
+                 positions: dict[str, int]) -> tuple[list[int], int]:
+    """Of offsets missing between the slowest and the fastest table of a routed partition, those whose own
+    table's state says delivered (gaps), and how many wait for their table (pending): each record is read
+    and routed as the writer routes it, so a silent table cannot hide another table's loss."""
+    if not missing:
+        return [], 0
+    ch = cfg.clickhouse
+    default = ch.table_for(topic)
+    gaps, pending = [], 0
+    wanted = set(missing)
+    for m in read_range(cfg.kafka, topic, partition, OffsetRange(missing[0], missing[-1])):
+        if m.offset not in wanted:
+            continue
+        table, _ = record_table(m, ch.table_field, ch.table_header, default)
+        at = positions.get(table or UNROUTABLE, positions.get(UNROUTABLE, 0))
+        if m.offset < at:
+            gaps.append(m.offset)
+        else:
+            pending += 1
+    return gaps, pending
+
+
 def verify(cfg: SinkConfig) -> Report:
     parts = topic_partitions(cfg.kafka)
     client = clickhouse_client(cfg.clickhouse)
@@ -161,9 +188,12 @@ def verify(cfg: SinkConfig) -> Report:
             rep.duplicates = sorted(o for o in set(ch_here) | set(dlq_here)
                                     if ch_here.get(o, 0) + dlq_here.get(o, 0) > 1)
             rep.outside = sorted(o for o in ch_here if o >= hi or o < 0)
-            missing = [o for o in range(lo, min(hi, rep.delivered_to)) if o not in ch_here and o not in dlq_here]
-            rep.gaps = _existing(cfg, topic, p, missing)
-            waiting = [o for o in range(max(lo, rep.delivered_to), hi) if o not in ch_here and o not in dlq_here]
-            rep.pending = len(_existing(cfg, topic, p, waiting))
+            absent = [o for o in range(lo, hi) if o not in ch_here and o not in dlq_here]
+            tables_at = {r.pk.table: r.state.resume_offset for r in rows if (r.pk.topic, r.pk.partition) == (topic, p)}
+            reach = max(tables_at.values(), default=rep.delivered_to)  # the fastest table's position
+            rep.gaps = _existing(cfg, topic, p, [o for o in absent if o < rep.delivered_to])
+            rep.gaps += (routed := _routed_gaps(cfg, topic, p, [o for o in absent if rep.delivered_to <= o < reach],
+                                                tables_at))[0]
+            rep.pending = routed[1] + len(_existing(cfg, topic, p, [o for o in absent if o >= max(reach, lo)]))
             reports.append(rep)
     return Report(cfg.name, reports, tables, notes)

@@ -77,3 +77,32 @@ def test_a_loss_after_hundreds_of_holes_without_records_is_reported(ch_db, ch_ds
     deliver_all_but(client, cfg, src, {last})
     [part] = verify(cfg).partitions
     assert part.gaps == [last] and part.pending == 0
+
+
+def test_a_loss_above_a_silent_table_of_a_routed_sink_is_reported(ch_db, ch_dsn, chdb_config, kafka, topic):
+    """A routed sink whose table `b` got its last record at offset 9: the partition resumes at b's position,
+    but a loss at 50 in table `a`, whose state says delivered through 99, is a gap, not "pending"."""
+    client, db = ch_db
+    src = topic(1)
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(100):
+        p.produce(src, json.dumps({"id": i, "t": "b" if i < 10 else "a"}).encode(), partition=0)
+    assert p.flush(30) == 0
+    for t in ("a", "b"):
+        client.command(TABLE.replace(".ev ", f".{t} ").format(db=db))
+    cfg = parse_config({
+        "name": f"v-{db}", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [src]},
+        "clickhouse": {"endpoints": [ch_dsn], "database": db, "tables": {src: "a"}, "tableField": "t",
+                       "chdbConfigFile": str(chdb_config)},
+        "state": {"keeperPath": f"/verify_{db}"}, "checkpointLocation": "/unused"})
+    store = state_store(cfg, client)
+    store.ensure_schema()
+    epoch = store.acquire_epoch(cfg.name)
+    for table, rng, lost in (("b", OffsetRange(0, 9), set()), ("a", OffsetRange(10, 99), {50})):
+        client.insert(table, [[o, src, 0, o] for o in range(rng.min, rng.max + 1) if o not in lost],
+                      column_names=["id", "_topic", "_partition", "_offset"])
+        pk = PartitionKey(cfg.name, src, 0, table)
+        store.begin(pk, rng, epoch)
+        store.commit(pk, rng, epoch)
+    [part] = verify(cfg).partitions
+    assert part.gaps == [50] and part.pending == 0

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import enum
 import itertools
+import json
 import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .records import Message
 
 
 class Policy(enum.Enum):
@@ -210,3 +213,21 @@ def rebalance(partitions: Iterable[tuple[str, int]], weights: Sequence[int],
     new = assign_partitions(parts, weights, kept)
     moves = [Move(t, p, current.get((t, p)), s) for (t, p), s in new.items() if current.get((t, p)) != s]
     return new, moves
+
+
+def record_table(m: Message, field_name: str | None, header: str | None, default: str | None) -> tuple[str | None, str]:
+    """The table a record names (its `header`, or its JSON `field_name`), else `default`; None with the reason
+    when it names none. The writer and the verifier route alike."""
+    name: Any = None
+    if header:
+        name = next((v.decode(errors="replace") for k, v in m.headers if k == header), None)
+    elif field_name and m.value is not None:
+        try:
+            rec = json.loads(m.value)
+            name = rec.get(field_name) if isinstance(rec, dict) else None
+        except ValueError:
+            return None, "malformed JSON: cannot read the routing field"
+    name = name or default
+    if not isinstance(name, str) or not name:
+        return None, f"no target table: field/header {field_name or header!r} missing"
+    return name, ""

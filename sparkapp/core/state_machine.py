@@ -39,6 +39,9 @@ class MissingPolicy(enum.Enum):
     DEAD_LETTER = "dead_letter"  # the range may or may not have landed: its records go to the DLQ, flagged
     ERROR = "error"  # no DLQ configured: refuse, nothing is lost
     REFETCH = "refetch"  # the caller can re-read the stored range from Kafka and retry it
+    # the batch holds everything Kafka still has of the range (a re-read): records retention or compaction
+    # removed cannot come back, so the range is re-sent with what remains, cut into the windows recorded
+    RESEND_PRESENT = "resend_present"
 
 
 @dataclass(frozen=True, order=True)
@@ -169,6 +172,9 @@ def _unconfirmed(
     """A BEFORE range that this batch cannot reproduce identically."""
     if missing is MissingPolicy.REFETCH:
         return Plan(case, skip=skip, refetch=stored.range)
+    if missing is MissingPolicy.RESEND_PRESENT:
+        note = f"stored BEFORE range {stored.range}: Kafka holds only {old or 'none'} of it; re-sent what remains"
+        return Plan(case, skip=skip, retry=stored.range, insert=new, notes=(note,))
     if missing is MissingPolicy.ERROR or old is None:
         # Without its messages in hand, moving past an unconfirmed range could lose it: refuse.
         raise UnconfirmedRangeError(

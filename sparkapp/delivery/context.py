@@ -30,6 +30,10 @@ class UndeliverableError(RuntimeError):
     """Records cannot be decoded and no dead-letter topic is configured: refuse rather than lose them."""
 
 
+class DataLossError(RuntimeError):
+    """Records Kafka no longer holds were never delivered (retention deleted them first)."""
+
+
 Refetch = Callable[[str, int, OffsetRange], list[Message]]
 
 
@@ -48,6 +52,7 @@ class WriterContext:
     replay_below: bool = False
     exactly_once: bool = True  # False: plain at-least-once inserts, no state and no tokens (a baseline)
     shards: ShardSet | None = None  # None: one shard, `inserter`, under `layout`/`shard`
+    fail_on_data_loss: bool = True  # records gone from Kafka before they landed stop the run (Spark's default)
     fault: Callable[[str], None] = field(default=lambda step: None)
 
 

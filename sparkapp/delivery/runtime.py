@@ -6,7 +6,6 @@ executor for HTTP DSNs. The code that runs is the same in both places.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, SinkConfig
 from ..core.records import Message
-from ..core.routing import key_type_ok
-from ..core.state_machine import OffsetRange
+from ..core.routing import key_type_ok, record_table
+from ..core.state_machine import IrrecoverableStateError, OffsetRange, Phase
 from ..edges.clickhouse import clickhouse_client, load_schema, redact_dsn
 from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import Inserter, unsafe_target
@@ -26,7 +25,7 @@ from ..formats.jsoneachrow import LineBatch, eligible
 from ..formats.registry import Format, make_decoder
 from ..formats.rows import DecodeError, Decoder
 from ..formats.schema import SchemaError, TableSchema
-from .context import PartitionResult, Refetch, WriterContext
+from .context import DataLossError, PartitionResult, Refetch, WriterContext
 from .writer import write_lines, write_partition
 
 if TYPE_CHECKING:
@@ -36,13 +35,42 @@ log = logging.getLogger(__name__)
 UNROUTABLE = "__unroutable__"
 
 
-def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int]) -> dict[str, dict[str, int]]:
+def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int],
+                     marks: dict[tuple[str, int], tuple[int, int]] | None = None,
+                     fail_on_data_loss: bool = True) -> dict[str, dict[str, int]]:
     """Where each partition resumes when there is no checkpoint: AFTER -> max+1, BEFORE -> min.
 
     With several tables per partition the slowest table decides; the others skip what they have.
-    Partitions without state start at the earliest offset (-2).
+    Partitions without state start at the earliest offset (-2). A position below the partition's log start
+    (`log_starts`: retention deleted records) starts at the log start instead, or Spark's source would refuse
+    to start: a BEFORE range there is re-read from what Kafka still holds (the writer tells whether the rest
+    had landed); an AFTER row below it means records were deleted before delivery: DataLossError, unless
+    failOnDataLoss is off. A row past the partition's end (`marks` gives each partition's (start, end)) means
+    the topic was recreated: refused, since its new records would be taken for ones delivered already.
     """
-    resume = resume_positions(store.list_sink(sink))
+    rows = store.list_sink(sink)
+    marks = marks or {}
+    for r in rows:
+        end = marks.get((r.pk.topic, r.pk.partition), (0, 1 << 62))[1]
+        if r.state.range.max >= end:
+            raise IrrecoverableStateError(
+                f"{r.pk}: the state store recorded offset {r.state.range.max}, but the partition ends at {end - 1}: "
+                "the topic was deleted and recreated (or its offsets were reset). Its new records would be taken for "
+                "delivered ones; check the target table, then reset the sink's state (`python -m sparkapp state "
+                "reset`)")
+    resume = resume_positions(rows)
+    for (t, p), at in sorted(resume.items()):
+        low = marks.get((t, p), (0, 0))[0]
+        if at >= low:
+            continue
+        for r in rows:
+            if (r.pk.topic, r.pk.partition) == (t, p) and r.state.phase is Phase.AFTER and r.state.resume_offset < low:
+                why = (f"{r.pk}: offsets [{r.state.resume_offset}, {low - 1}] were deleted from Kafka (retention) "
+                       "before they were delivered: they are lost")
+                if fail_on_data_loss:
+                    raise DataLossError(why + '; set kafka.sourceOptions.failOnDataLoss: "false" to go on without them')
+                log.error("%s; going on (failOnDataLoss is false)", why)
+        resume[(t, p)] = low
     return {t: {str(p): resume.get((t, p), -2) for p in range(n)} for t, n in partitions.items()}
 
 
@@ -90,18 +118,9 @@ class Runtime:
 
     def _table_of(self, m: Message, default: str | None) -> tuple[str | None, str]:
         ch = self.cfg.clickhouse
-        name: Any = None
-        if ch.table_header:
-            name = next((v.decode(errors="replace") for k, v in m.headers if k == ch.table_header), None)
-        elif ch.table_field and m.value is not None:
-            try:
-                rec = json.loads(m.value)
-                name = rec.get(ch.table_field) if isinstance(rec, dict) else None
-            except ValueError:
-                return None, "malformed JSON: cannot read the routing field"
-        name = name or default
-        if not isinstance(name, str) or not name:
-            return None, f"no target table: field/header {ch.table_field or ch.table_header!r} missing"
+        name, why = record_table(m, ch.table_field, ch.table_header, default)
+        if name is None:
+            return None, why
         if self._context(name) is None:
             return None, self.missing_tables[name]
         return name, ""
@@ -118,7 +137,7 @@ class Runtime:
         except SchemaError as e:
             self.missing_tables[table] = f"unknown target table {table!r}: {e}"
             return None
-        unsafe = unsafe_target(self.client, schema)
+        unsafe = unsafe_target(self.client, schema, self.cfg.state.enabled)
         if unsafe is not None:
             if not self.cfg.clickhouse.routed:
                 raise ConfigError(f"clickhouse.tables: {unsafe}")
@@ -134,7 +153,7 @@ class Runtime:
             self.cfg.name, self.store, inserter, decoder,
             self.epoch, self.cfg.batching.block_offsets, self.dlq, refetch=None,
             replay_below=self.cfg.clickhouse.routed,
-            exactly_once=self.cfg.state.enabled,
+            exactly_once=self.cfg.state.enabled, fail_on_data_loss=self.cfg.kafka.fail_on_data_loss,
             shards=self._shard_set(table, schema) if table != UNROUTABLE else None,
         )
 
@@ -169,7 +188,7 @@ class Runtime:
             if other.names != schema.names:
                 raise ConfigError(f"clickhouse shard {shard} (layout v{layout}): table {other.fqn} has columns "
                                   f"{list(other.names)}, unlike {schema.fqn} {list(schema.names)}")
-            unsafe = unsafe_target(client, other)
+            unsafe = unsafe_target(client, other, self.cfg.state.enabled)
             if unsafe is not None:
                 raise ConfigError(f"clickhouse shard {shard} (layout v{layout}): {unsafe}")
             return self._new_inserter(client, other)

@@ -9,19 +9,19 @@ baseline the benchmark compares against is plain.py, outside this protocol.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, payload, split_block
 from ..core.records import DeadLetter, Message
-from ..core.state_machine import MissingPolicy, OffsetRange, Plan, plan_batch
+from ..core.state_machine import MissingPolicy, OffsetRange, Phase, Plan, StoredState, plan_batch
 from ..edges.insert import InsertError, is_transient
 from ..edges.shards import ShardUnavailableError
-from ..edges.store import DlqPhase, FencedError, PartitionKey, StateRow
+from ..edges.store import DlqPhase, FencedError, PartitionKey, StateConflict, StateRow
 from ..formats.jsoneachrow import LineBatch
 from ..formats.rows import decode_batch
-from .context import PartitionResult, WriterContext, ordered, require_dlq
+from .context import DataLossError, PartitionResult, WriterContext, ordered, require_dlq
 from .plain import write_plain, write_plain_lines
 
 log = logging.getLogger(__name__)
@@ -47,14 +47,37 @@ def _skipped(plan: Plan, offsets: Sequence[int]) -> int:
     return sum(1 for o in offsets for r in plan.skip if o in r)
 
 
+_REPLANS = 3  # a conflict means another writer moved the state; it cannot keep happening to one batch
+
+
+def _replanning(write: Callable[[bool], PartitionResult], pk: PartitionKey) -> PartitionResult:
+    """Runs a delivery, planning again from the stored state when a transition finds it moved (StateConflict).
+
+    A re-plan treats a batch wholly below the state as a replay: only another attempt of this very batch (a
+    retried task, a stale writer) can have moved the state past it, and that attempt delivered it."""
+    for attempt in range(_REPLANS):
+        try:
+            return write(attempt > 0)
+        except StateConflict as e:
+            if attempt == _REPLANS - 1:
+                raise
+            log.warning("%s: planning again: %s", pk, e)
+    raise AssertionError("unreachable")
+
+
 def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Message]) -> PartitionResult:
     """Delivers one partition's batch exactly once. Raises FencedError when a newer run took over."""
     msgs = ordered(messages)
     if not ctx.exactly_once:
         return write_plain(ctx, pk, msgs)
+    return _replanning(lambda replan: _write_decoded(ctx, pk, msgs, replan), pk)
+
+
+def _write_decoded(ctx: WriterContext, pk: PartitionKey, msgs: list[Message], replan: bool) -> PartitionResult:
+    replay_below = ctx.replay_below or replan
     row = ctx.store.load(pk, ctx.epoch)
     stored = row.state if row else None
-    plan = plan_batch(str(pk), stored, [m.offset for m in msgs], _policy(ctx), ctx.replay_below)
+    plan = plan_batch(str(pk), stored, [m.offset for m in msgs], _policy(ctx), replay_below)
     if plan.refetch is not None and ctx.refetch is not None:
         assert row is not None
         _check_up(ctx, pk, row.state.layout, row.shard)  # a stalled partition waits without re-reading
@@ -63,7 +86,10 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
         again = ctx.refetch(pk.topic, pk.partition, upto)
         log.info("%s: re-read stored BEFORE range %s from Kafka (%d messages)", pk, upto, len(again))
         msgs = ordered([*again, *msgs])
-        plan = plan_batch(str(pk), stored, [m.offset for m in msgs], _policy(ctx, refetch=False), ctx.replay_below)
+        # the re-read holds all Kafka still has of the range: re-send that in the recorded windows (the first
+        # attempt may have landed, so nothing of it is dead-lettered), after checking what retention took
+        plan = plan_batch(str(pk), stored, [m.offset for m in msgs], MissingPolicy.RESEND_PRESENT, replay_below)
+        _check_gone(ctx, pk, row, [m.offset for m in msgs if m.offset in row.state.range])
     result = PartitionResult(pk, plan.case, skipped=_skipped(plan, [m.offset for m in msgs]))
     if not (plan.retry or plan.insert or plan.dead_letter):
         return result
@@ -76,9 +102,9 @@ def write_partition(ctx: WriterContext, pk: PartitionKey, messages: Sequence[Mes
         result.dead_lettered += len(unsure)
     for rng, retry in _ranges(plan):
         place = _placement(ctx, pk, row, retry)
-        _begin(ctx, pk, rng, place)
+        stored = _begin(ctx, pk, rng, place, stored)
         _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, place)
-        _commit(ctx, pk, rng, retry, result, place)
+        stored = _commit(ctx, pk, rng, retry, result, place)
     return result
 
 
@@ -98,14 +124,24 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
             return write_partition(ctx, pk, batch.messages())
     if not ctx.exactly_once:
         return write_plain_lines(ctx, pk, batch, known_dead)
+    try:
+        return _write_lines(ctx, pk, batch, known_dead)
+    except StateConflict as e:  # another writer moved the state: the decoding path plans again from it
+        log.warning("%s: planning again: %s", pk, e)
+        return _replanning(lambda replan: _write_decoded(ctx, pk, ordered(batch.messages()), True), pk)
+
+
+def _write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
+                 known_dead: list[DeadLetter]) -> PartitionResult:
     row = ctx.store.load(pk, ctx.epoch)
-    plan = plan_batch(str(pk), row.state if row else None, batch.offsets, _policy(ctx), ctx.replay_below)
+    stored = row.state if row else None
+    plan = plan_batch(str(pk), stored, batch.offsets, _policy(ctx), ctx.replay_below)
     if plan.refetch is not None or plan.dead_letter:
         return write_partition(ctx, pk, batch.messages())
     result = PartitionResult(pk, plan.case, skipped=_skipped(plan, batch.offsets))
     for rng, retry in _ranges(plan):
         place = _placement(ctx, pk, row, retry)
-        _begin(ctx, pk, rng, place)
+        stored = _begin(ctx, pk, rng, place, stored)
         dead_in = [d for d in known_dead if d.message.offset in rng]
         _dead_letter(ctx, pk, dead_in)
         result.dead_lettered += len(dead_in)
@@ -124,7 +160,7 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
                 rows, dead = decode_batch(ctx.decode, msgs)
                 _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, place, since=w.min)
                 break
-        _commit(ctx, pk, rng, retry, result, place)
+        stored = _commit(ctx, pk, rng, retry, result, place)
     return result
 
 
@@ -161,6 +197,41 @@ def _placement(ctx: WriterContext, pk: PartitionKey, row: StateRow | None, retry
     return Placement(lay.version, lay.range_shard(pk.topic, pk.partition), ctx.block_offsets)
 
 
+def _check_gone(ctx: WriterContext, pk: PartitionKey, row: StateRow, present: Sequence[int]) -> None:
+    """Whether records of a BEFORE range that Kafka deleted (retention) had landed. The range's first offset
+    held a record when the range was recorded; when it is gone from Kafka and no row of the span before the
+    first record still there is in the table, that span never landed: it is lost, and the run stops
+    (`sourceOptions.failOnDataLoss: "false"` goes on, as Spark's source would)."""
+    rng = row.state.range
+    first = present[0] if present else rng.max + 1
+    if first == rng.min:
+        return
+    gone = OffsetRange(rng.min, first - 1)
+    landed = _landed(ctx, pk, row, gone)
+    if landed is None:
+        log.warning("%s: offsets %s of BEFORE range %s are no longer in Kafka; the table has no offset columns, so "
+                    "whether they landed cannot be told (run `python -m sparkapp verify`)", pk, gone, rng)
+    elif landed == 0:
+        why = (f"{pk}: offsets {gone} of the unconfirmed range {rng} are neither in ClickHouse nor in Kafka any more "
+               "(retention deleted them before they could be re-sent): they are lost")
+        if ctx.fail_on_data_loss:
+            raise DataLossError(why + '; set kafka.sourceOptions.failOnDataLoss: "false" to go on without them')
+        log.error("%s; going on (failOnDataLoss is false)", why)
+    else:
+        log.info("%s: offsets %s of BEFORE range %s are gone from Kafka, but %d of their rows had landed", pk,
+                 gone, rng, landed)
+
+
+def _landed(ctx: WriterContext, pk: PartitionKey, row: StateRow, rng: OffsetRange) -> int | None:
+    """Rows of the partition with offsets in rng in the table (on every shard the row's range went to); None
+    when the table has no offset columns."""
+    if ctx.shards is None:
+        return ctx.inserter.landed(pk.topic, pk.partition, rng)
+    counts = [ctx.shards.inserter(row.state.layout, s).landed(pk.topic, pk.partition, rng)
+              for s in ctx.shards.shards_of(row.state.layout, row.shard)]
+    return None if None in counts else sum(c or 0 for c in counts)
+
+
 def _check_up(ctx: WriterContext, pk: PartitionKey, layout: int, shard: int) -> None:
     """Raises ShardUnavailableError, before any work, when a shard the range needs is known to be down."""
     if ctx.shards is not None:
@@ -169,20 +240,24 @@ def _check_up(ctx: WriterContext, pk: PartitionKey, layout: int, shard: int) -> 
             ctx.shards.health.check(ctx.shards.name(layout, s))
 
 
-def _begin(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, place: Placement) -> None:
+def _begin(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, place: Placement,
+           planned_from: StoredState | None) -> StoredState:
+    """BEFORE over the range, only if the state is still the one the plan was made from."""
     ctx.fault("before_begin")
-    ctx.store.begin(pk, rng, ctx.epoch, place.layout, place.shard, place.block_offsets)
+    ctx.store.begin(pk, rng, ctx.epoch, place.layout, place.shard, place.block_offsets, expected=planned_from)
     ctx.fault("after_begin")
+    return StoredState(rng, Phase.BEFORE, ctx.epoch, place.layout)
 
 
 def _commit(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool, result: PartitionResult,
-            place: Placement) -> None:
+            place: Placement) -> StoredState:
     ctx.fault("after_insert")
     ctx.store.commit(pk, rng, ctx.epoch, place.layout, place.shard)
     ctx.fault("after_commit")
     result.committed = rng
     if retry:
         result.retried = rng
+    return StoredState(rng, Phase.AFTER, ctx.epoch, place.layout)
 
 
 def _deliver_decoded(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool,

@@ -8,7 +8,8 @@ When the table carries `_topic`, `_partition` and `_offset`, the inserter first 
 landed, so the end state holds each offset exactly once whatever the deduplication window: landed ->
 skip, not landed -> insert, partial -> insert only the missing rows (under their own deterministic
 token). Without those columns the identical block and token are re-sent, and ClickHouse's deduplication
-window drops the copy; a table with neither is refused at start (retry_safety).
+window drops the copy. A table with a window of 0 is refused at start (retry_safety): counting catches a
+lost reply, but not a stale writer's block that arrives after the run that took over counted.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..core.blocks import Block, LineBlock, payload
+from ..core.state_machine import OffsetRange
 from ..formats.schema import TableSchema
 
 if TYPE_CHECKING:
@@ -68,10 +70,13 @@ def retry_safety(schema: TableSchema, engine: str, dedup_window: int,
     if not engine.endswith("MergeTree"):
         return (f"table {schema.fqn} has engine {engine}: chsink writes MergeTree-family tables, whose inserts it can "
                 "deduplicate and count (for a Distributed table, write to its local tables as shards)")
-    if not schema.has_offset_columns and dedup_window == 0:
-        return (f"table {schema.fqn} has no _topic/_partition/_offset columns and a deduplication window of 0: a "
-                "retried insert (a lost reply, a crash) could not be recognised as a duplicate. Add the columns, or "
-                "set non_replicated_deduplication_window (e.g. 1000) on the table")
+    if dedup_window == 0:
+        what = ("a retried insert (a lost reply, a crash) could not be recognised as a duplicate, and a stale writer"
+                if not schema.has_offset_columns else "a stale writer")
+        return (f"table {schema.fqn} has a deduplication window of 0: {what} (a paused executor, a Spark task whose "
+                "retry already ran) could insert a block after the run that took over had re-sent it, and only the "
+                "table's window can drop that late copy. Set non_replicated_deduplication_window (e.g. 1000) on the "
+                "table")
     for db, target, window in views:
         if window == 0:
             return (f"materialized view target `{db}`.`{target}` of {schema.fqn} has a deduplication window of 0: a "
@@ -79,8 +84,11 @@ def retry_safety(schema: TableSchema, engine: str, dedup_window: int,
     return None
 
 
-def unsafe_target(client: Client, schema: TableSchema) -> str | None:
-    """retry_safety of a table as ClickHouse describes it (engine, window, the views it feeds)."""
+def unsafe_target(client: Client, schema: TableSchema, exactly_once: bool = True) -> str | None:
+    """retry_safety of a table as ClickHouse describes it (engine, window, the views it feeds); None for
+    at-least-once sinks, which promise nothing about retries."""
+    if not exactly_once:
+        return None
     from .clickhouse import dedup_window, view_targets
 
     views = [(db, t, dedup_window(client, db, t)[1]) for db, t in view_targets(client, schema.database, schema.table)]
@@ -199,6 +207,15 @@ class Inserter:
             return self._send(replace(block, token=token, payload=payload(lines), offsets=offsets, lines=lines))
         return self._send(replace(block, token=token, data=tuple([col[i] for i in keep] for col in block.data),
                                   offsets=offsets))
+
+    def landed(self, topic: str, partition: int, rng: OffsetRange) -> int | None:
+        """Rows of the partition with offsets in rng in the table; None without the offset columns."""
+        if not self.schema.has_offset_columns:
+            return None
+        return int(self.client.query(
+            f"SELECT count() FROM {self.schema.fqn} WHERE _topic = {{t:String}} AND _partition = {{p:Int64}} "
+            f"AND _offset BETWEEN {{lo:Int64}} AND {{hi:Int64}}",
+            parameters={"t": topic, "p": partition, "lo": rng.min, "hi": rng.max}).result_rows[0][0])
 
     def check(self, block: Block | LineBlock, topic: str, partition: int) -> Recovery:
         """Counts the block's offsets already present in the table (needs the offset columns)."""

@@ -55,6 +55,22 @@ def watermarks(cfg: KafkaConfig, topic: str, partition: int) -> tuple[int, int]:
         c.close()
 
 
+def all_watermarks(cfg: KafkaConfig, partitions: dict[str, int]) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each partition's first offset Kafka still holds (records below were deleted by retention) and its end."""
+    from confluent_kafka import TopicPartition
+
+    c = consumer(cfg)
+    try:
+        out = {}
+        for t, n in partitions.items():
+            for p in range(n):
+                lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=15)
+                out[(t, p)] = (int(lo), int(hi))
+        return out
+    finally:
+        c.close()
+
+
 def _scan(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRange, timeout: float,
           take: Callable[[Any], None]) -> None:
     """Hands every committed record with an offset in rng to `take`, in order (gaps are skipped by Kafka)."""

@@ -41,6 +41,14 @@ class FencedError(RuntimeError):
     """This writer's epoch is stale: a newer writer run owns the sink or the partition."""
 
 
+class StateConflict(FencedError):
+    """The partition's state moved between this writer's read and its transition (a stale writer of an older
+    or the same epoch got there first): nothing was written; plan again from the state as it is now."""
+
+
+ANY: Any = object()  # `expected` for callers that set up state without planning from a read (tests, tools)
+
+
 class StateStoreError(RuntimeError):
     """The state table cannot be used (wrong schema version, unreachable Keeper...)."""
 
@@ -199,14 +207,25 @@ class StateStore:
         return sorted((self._state_row(r) for r in rows), key=lambda s: s.pk)
 
     def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0,
-              block_offsets: int = 0) -> None:
+              block_offsets: int = 0, expected: StoredState | None = ANY) -> None:
         """Records BEFORE over the range, and how it is cut (layout, shard, window size): from here on, a crash
-        leads to an identical retry."""
+        leads to an identical retry.
+
+        `expected` is the state the writer planned from (None: no row). The write is a compare-and-set on it,
+        not only on the epoch: a stale writer that slipped its own BEFORE in after this writer's read, or a
+        zombie task of the same epoch that planned from an older state, makes this StateConflict instead of
+        being overwritten (its range could then never be re-sent in the windows it was cut in) or moving the
+        partition back."""
         epoch_key = self._epoch_key(pk.sink)
         rows = {r[0]: r for r in self._select(f"key IN ({_q(pk.key)}, {_q(epoch_key)})")}  # one round trip
         _fence(pk, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
         existing = self._state_row(rows[pk.key]) if pk.key in rows else None
-        self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard, existing, block_offsets)
+        if expected is not ANY and (existing.state if existing else None) != expected:
+            if existing is not None:
+                _fence(pk, epoch, existing.state.epoch)
+            raise StateConflict(f"{pk}: state is {existing.state if existing else 'absent'}, planned from {expected}")
+        self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard, existing, block_offsets,
+                         cas=expected is not ANY)
 
     def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
         """Records AFTER over the range `begin` recorded (dead-letter fields kept): update, then read back."""
@@ -270,8 +289,10 @@ class StateStore:
 
     def _transition(
         self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int, shard: int,
-        existing: StateRow | None, block_offsets: int = 0,
+        existing: StateRow | None, block_offsets: int = 0, cas: bool = False,
     ) -> None:
+        """Writes the transition conditionally (on the epoch; with `cas`, on the whole state `existing` holds)
+        and reads it back."""
         if existing is not None:
             _fence(pk, epoch, existing.state.epoch)
         same = existing is not None and existing.state.range == rng
@@ -285,22 +306,31 @@ class StateStore:
             except Exception as e:
                 if not _is_node_exists(e):
                     raise
+                if cas:
+                    raise StateConflict(f"{pk}: another writer created the state row first") from e
                 return self._transition(pk, rng, phase, epoch, layout, shard, self.get(pk),  # raced: re-check
                                         block_offsets)
         else:
+            was = existing.state
+            cond = (f" AND epoch = {was.epoch} AND phase = '{was.phase.value}' AND min_offset = {was.range.min}"
+                    f" AND max_offset = {was.range.max} AND layout = {was.layout}") if cas else ""
             self._update(
                 f"phase = '{phase.value}', min_offset = {rng.min}, max_offset = {rng.max}, epoch = {epoch}, "
                 f"layout = {layout}, shard = {shard}, dlq = '{dlq.value}', dlq_mark = {_q(mark)}, "
                 f"block_offsets = {block_offsets}, updated_at = now64(3)",
-                f"key = {_q(pk.key)} AND epoch <= {epoch}",
+                f"key = {_q(pk.key)} AND epoch <= {epoch}{cond}",
             )
-        return self._read_back(pk, rng, phase, epoch, layout)
+        return self._read_back(pk, rng, phase, epoch, layout, conflict=cas)
 
-    def _read_back(self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int) -> None:
+    def _read_back(self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int,
+                   conflict: bool = False) -> None:
         after = self.get(pk)
         if after is None or after.state != StoredState(rng, phase, epoch, layout):
             owner = after.state.epoch if after else "nobody (row deleted)"
-            raise FencedError(f"{pk}: transition to {phase.value} {rng} by epoch {epoch} lost to epoch {owner}")
+            lost = f"{pk}: transition to {phase.value} {rng} by epoch {epoch} lost to epoch {owner}"
+            if conflict and after is not None and after.state.epoch <= epoch:
+                raise StateConflict(lost)
+            raise FencedError(lost)
 
     def _epoch_key(self, sink: str) -> str:
         return f"{_esc(sink)}/__epoch__"

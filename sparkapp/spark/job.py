@@ -29,7 +29,7 @@ from ..delivery.runtime import Runtime, starting_offsets
 from ..edges.clickhouse import clickhouse_client, load_schema
 from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import unsafe_target
-from ..edges.kafka import topic_partitions
+from ..edges.kafka import all_watermarks, topic_partitions
 from ..edges.store import FencedError, resume_positions, state_store
 from .batches import deliver, executor_fn, guarded, outcome_ddl, partition_slices
 from .session import build_session, checkpoint_exists, fresh_checkpoint, session_conf
@@ -160,6 +160,12 @@ class ExecutorWriter(BatchWriter):
             self._runtime.close()
 
 
+def run_owner() -> str:
+    """Who holds the epoch: the epoch's compare-and-set is won by whoever reads its own owner back, so the
+    name must be this run's alone; a pod restarted under the same name often has the same pid."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+
+
 class SinkJob:
     """One run of the sink: a new epoch, a streaming query, graceful stop on SIGTERM."""
 
@@ -189,17 +195,15 @@ class SinkJob:
             if table is not None:
                 try:
                     schema = load_schema(client, ch.shard_database(0), table)
-                    unsafe = unsafe_target(client, schema)
+                    unsafe = unsafe_target(client, schema, self.cfg.state.enabled)
                 except Exception as e:
                     raise ConfigError(f"clickhouse.tables[{topic!r}]: {e}") from None
                 if unsafe is not None:
                     raise ConfigError(f"clickhouse.tables[{topic!r}]: {unsafe}")
         store = state_store(self.cfg, client)
         store.ensure_schema()
-        # a pod restarted under the same name can have the same pid: the owner must name this run alone
-        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
-        self.epoch = store.acquire_epoch(self.cfg.name, owner=owner)
-        self.starting = starting_offsets(store, self.cfg.name, parts)
+        self.epoch = store.acquire_epoch(self.cfg.name, owner=run_owner())
+        self.starting = starting_offsets(store, self.cfg.name, parts, all_watermarks(k, parts), k.fail_on_data_loss)
         if ch.embedded:
             dlq = KafkaDeadLetterSink(self.cfg.dlq.topic, k.client_options()) if self.cfg.dlq.topic else None
             self.writer = DriverWriter(self, Runtime(self.cfg, self.epoch, client, store, dlq))

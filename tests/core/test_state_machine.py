@@ -78,6 +78,15 @@ def test_new_range_after_unconfirmed_before_is_never_silently_passed():
     assert plan_batch(W, S(0, 9, Phase.BEFORE), [10, 11], MissingPolicy.REFETCH).refetch == R(0, 9)
 
 
+def test_a_reread_range_goes_out_whole_with_what_kafka_still_holds():
+    """Retention deleted the start of a BEFORE range (or all of it): it is re-sent as recorded, never
+    dead-lettered (it may have landed), and the batch above it follows."""
+    assert plan_batch(W, S(0, 9, Phase.BEFORE), [4, 9, 10], MissingPolicy.RESEND_PRESENT) == Plan(
+        Case.CONTAINED, retry=R(0, 9), insert=R(10, 10))
+    assert plan_batch(W, S(0, 9, Phase.BEFORE), [12], MissingPolicy.RESEND_PRESENT) == Plan(
+        Case.NEW, retry=R(0, 9), insert=R(12, 12))
+
+
 def test_cropping_below_stored_min():
     plan = plan_batch(W, S(5, 9, Phase.AFTER), list(range(0, 13)))
     assert plan == Plan(Case.OVERLAP, skip=(R(0, 4), R(5, 9)), insert=R(10, 12))
@@ -125,6 +134,8 @@ def reference(stored: StoredState | None, offsets: list[int], policy: MissingPol
         return {"insert": above, "skip": below, "retry": s, "dlq": set(), "error": None}
     if policy is MissingPolicy.REFETCH:
         return {"refetch": s}
+    if policy is MissingPolicy.RESEND_PRESENT:  # a re-read: what Kafka still holds of the range goes out in it
+        return {"insert": above, "skip": below, "retry": s, "dlq": set(), "error": None}
     if policy is MissingPolicy.ERROR or not inside:
         return {"error": "unconfirmed"}
     return {"insert": above, "skip": below, "retry": None, "dlq": inside, "error": None}

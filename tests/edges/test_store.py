@@ -82,3 +82,20 @@ def test_keepermap_state_lives_in_zookeeper(ch_db, zookeeper):
         assert len(zk.get_children(f"/chsink_keeper_map/zk_{db}/data")) == 3  # schema, epoch, partition
     finally:
         zk.stop()
+
+
+def test_each_run_owns_its_epoch_alone(store, monkeypatch):
+    """Two runs in pods with the same hostname and pid (a restarted pod) must not both win one epoch: the
+    compare-and-set is decided by reading one's own owner back."""
+    import os
+    import socket
+
+    from sparkapp.spark.job import run_owner
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "chsink-driver")
+    monkeypatch.setattr(os, "getpid", lambda: 7)
+    a, b = run_owner(), run_owner()
+    assert a != b and a.startswith("chsink-driver:7:")
+    first, second = store.acquire_epoch("s1", owner=a), store.acquire_epoch("s1", owner=b)
+    assert second == first + 1
+    assert [r[9] for r in store._select("key = 's1/__epoch__'")] == [b]
