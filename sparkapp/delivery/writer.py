@@ -8,6 +8,7 @@ baseline the benchmark compares against is plain.py, outside this protocol.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from ..core.state_machine import MissingPolicy, OffsetRange, Phase, Plan, Stored
 from ..edges.insert import InsertError, is_transient
 from ..edges.shards import ShardUnavailableError
 from ..edges.store import DlqPhase, FencedError, PartitionKey, StateConflict, StateRow
-from ..formats.jsoneachrow import LineBatch
+from ..formats.jsoneachrow import LineBatch, guard
 from ..formats.rows import decode_batch
 from .context import DataLossError, PartitionResult, WriterContext, ordered, require_dlq
 from .plain import write_plain, write_plain_lines
@@ -139,6 +140,8 @@ def _write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
     if plan.refetch is not None or plan.dead_letter:
         return write_partition(ctx, pk, batch.messages())
     result = PartitionResult(pk, plan.case, skipped=_skipped(plan, batch.offsets))
+    suspect = guard(ctx.inserter.schema)
+    messages = functools.cache(lambda: ordered(batch.messages()))  # read at most once, when a window needs it
     for rng, retry in _ranges(plan):
         place = _placement(ctx, pk, row, retry)
         stored = _begin(ctx, pk, rng, place, stored)
@@ -146,22 +149,30 @@ def _write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
         _dead_letter(ctx, pk, dead_in)
         result.dead_lettered += len(dead_in)
         ctx.store.check_fence(pk, ctx.epoch)
+        sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
         for w, offsets, lines in batch.windows(rng, place.block_offsets):
+            if suspect.suspect(lines):
+                _decode_window(ctx, pk, rng, w, retry, messages(), sent, result, place)
+                continue
             block = LineBlock(w, _token(pk, w, place.shard), payload(lines), offsets, lines, place.shard)
             try:
                 _send(ctx, pk, [block], retry, result, place)
             except InsertError as e:
                 if _transient(e):
                     raise
-                log.warning("%s: ClickHouse rejected window %s (%s); decoding from there on in Python",
+                log.warning("%s: ClickHouse rejected window %s (%s); decoding it in Python",
                             pk, w, str(e.__cause__ or e).splitlines()[0][:300])
-                sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
-                msgs = [m for m in ordered(batch.messages()) if w.min <= m.offset <= rng.max and m.offset not in sent]
-                rows, dead = decode_batch(ctx.decode, msgs)
-                _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, place, since=w.min)
-                break
+                _decode_window(ctx, pk, rng, w, retry, messages(), sent, result, place)
         stored = _commit(ctx, pk, rng, retry, result, place)
     return result
+
+
+def _decode_window(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, w: OffsetRange, retry: bool,
+                   msgs: Sequence[Message], sent: set[int], result: PartitionResult, place: Placement) -> None:
+    """One window of the fast path through the decoder, under the same token: what ClickHouse would reject
+    or could alter is decided by the decoder alone, window by window, so the outcome is the decoding path's."""
+    rows, dead = decode_batch(ctx.decode, [m for m in msgs if m.offset in w and m.offset not in sent])
+    _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, place, since=w.min, until=w.max)
 
 
 def _transient(e: InsertError) -> bool:
@@ -262,13 +273,14 @@ def _commit(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool,
 
 def _deliver_decoded(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, retry: bool,
                      rows: Sequence[tuple[int, Sequence[Any]]], dead: Sequence[DeadLetter], result: PartitionResult,
-                     place: Placement, since: int | None = None) -> None:
-    """Dead letters, then decoded blocks, of `rng` (from offset `since` on, when the windows below are sent)."""
+                     place: Placement, since: int | None = None, until: int | None = None) -> None:
+    """Dead letters, then decoded blocks, of `rng` (or of its offsets from `since` to `until`: whole windows)."""
     lo = rng.min if since is None else since
-    dead_in = [d for d in dead if lo <= d.message.offset <= rng.max]
+    hi = rng.max if until is None else until
+    dead_in = [d for d in dead if lo <= d.message.offset <= hi]
     _dead_letter(ctx, pk, dead_in)
     result.dead_lettered += len(dead_in)
-    blocks = build_blocks(rng, [r for r in rows if lo <= r[0] <= rng.max], ctx.inserter.schema.names,
+    blocks = build_blocks(rng, [r for r in rows if lo <= r[0] <= hi], ctx.inserter.schema.names,
                           place.block_offsets, lambda w: _token(pk, w, place.shard), place.shard)
     ctx.store.check_fence(pk, ctx.epoch)
     _send(ctx, pk, blocks, retry, result, place)

@@ -127,6 +127,13 @@ class Inserter:
             "input_format_defaults_for_omitted_fields": 1, "input_format_parallel_parsing": 0,
             "date_time_input_format": "best_effort", "input_format_allow_errors_num": 0,
             "input_format_allow_errors_ratio": 0,
+            # no coercions the decoder would not make: a number, bool, array or object is no String, a bool no
+            # number, and a named tuple needs all its fields
+            "input_format_json_read_numbers_as_strings": 0, "input_format_json_read_bools_as_strings": 0,
+            "input_format_json_read_objects_as_strings": 0, "input_format_json_read_arrays_as_strings": 0,
+            "input_format_json_read_bools_as_numbers": 0,
+            "input_format_json_defaults_for_missing_elements_in_named_tuple": 0,
+            "input_format_json_empty_as_default": 0,
         }
         self._types = [c.type_text or str(c.type) for c in schema.columns]
 
