@@ -85,10 +85,10 @@ def counts(client: Any, table: str = "ev") -> tuple[int, int]:
 
 @pytest.mark.parametrize("path", ["decode", "lines"])
 @pytest.mark.parametrize(("columns", "window", "mv"), [
-    (OFFSETS, 0, False),  # no deduplication at all: the writer must count what landed
-    (OFFSETS, 0, True),  # ... and the materialized view gets each row once too
+    (OFFSETS, 0, False),  # no deduplication at all: counting what landed alone must catch it
+    (OFFSETS, 100, True),  # counted, and the materialized view gets each row once too
     ("_offset UInt64", 100, True),  # no offset columns: the token and the window must catch the copy, in the view too
-], ids=["window0", "window0-mv", "token-only-mv"])
+], ids=["window0", "offsets-mv", "token-only-mv"])
 def test_a_lost_reply_is_not_a_second_insert(ch_db, path, columns, window, mv):
     client, db = ch_db
     store, schema = setup(client, db, columns, window, mv)
@@ -154,3 +154,26 @@ def test_a_range_retried_after_a_redeploy_with_another_block_size_is_cut_as_firs
     redeployed.block_offsets = 70
     write_partition(redeployed, pk, msgs)
     assert counts(client) == (150, 150)
+
+
+def test_a_view_whose_insert_failed_after_the_source_committed_catches_up_on_retry(ch_db):
+    """ClickHouse writes the source part, then each view; a view failing leaves the source committed and
+    the view without the rows. The retry finds every row landed in the source: skipping would leave the
+    view short for good. The identical block under its token is dropped by the source and reaches the view."""
+    client, db = ch_db
+    store, schema = setup(client, db, OFFSETS, 100)
+    client.command("CREATE TABLE flag (down UInt8) ENGINE = MergeTree ORDER BY down")
+    client.command("CREATE TABLE ev_ids (id UInt64) ENGINE = MergeTree ORDER BY id "
+                   "SETTINGS non_replicated_deduplication_window = 100")
+    client.command("CREATE MATERIALIZED VIEW ev_mv TO ev_ids AS SELECT id FROM ev "
+                   "WHERE throwIf((SELECT count() FROM flag) > 0, 'view target unavailable') = 0")
+    client.command("INSERT INTO flag VALUES (1)")
+    msgs = records(120)
+    pk = PartitionKey("lost", "src", 0)
+    with pytest.raises(Exception, match="view target unavailable"):
+        write_partition(context(client, store, schema), pk, msgs)
+    assert counts(client) == (50, 50) and counts(client, "ev_ids") == (0, 0)  # the first window's source part
+    client.command("TRUNCATE TABLE flag")
+    write_partition(context(client, store, schema), pk, msgs)
+    assert counts(client) == (120, 120)
+    assert counts(client, "ev_ids") == (120, 120)
