@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from hack.testbed import Etcd, Kafka, KubeApiServer, ZooKeeper, cached, scratch_env, spark_session, versions
+from hack.testbed.servers import ClickHouseServer
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -54,6 +55,18 @@ def topic(kafka: Kafka, request: pytest.FixtureRequest) -> Callable[..., str]:
         return name
 
     return make
+
+
+@pytest.fixture(scope="session")
+def clickhouse_server(zookeeper: ZooKeeper, testbed_dir: Path) -> Iterator[ClickHouseServer]:
+    """One real ClickHouse server process for the session (HTTP and native TCP on loopback, KeeperMap on the
+    test bed's ZooKeeper); a test that kills it starts it again before it ends."""
+    server = ClickHouseServer(testbed_dir / "clickhouse", zookeeper)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

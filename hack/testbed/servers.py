@@ -1,4 +1,4 @@
-"""The real servers of the test bed: ZooKeeper, Kafka (KRaft), etcd and kube-apiserver."""
+"""The real servers of the test bed: ZooKeeper, Kafka (KRaft), ClickHouse, etcd and kube-apiserver."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import urllib.request
 import uuid
 from pathlib import Path
@@ -77,6 +78,61 @@ class ZooKeeper(ManagedProcess):
             "</clickhouse>\n"
         )
         return path
+
+
+class ClickHouseServer(ManagedProcess):
+    """ClickHouse 26.9's HTTP and native TCP handlers from the chdb wheel (clickhouse-local with listeners,
+    see chserver.py), on loopback ports, optionally with KeeperMap on the test bed's ZooKeeper."""
+
+    name = "clickhouse"
+
+    def __init__(self, workdir: Path, zookeeper: ZooKeeper | None = None) -> None:
+        super().__init__(workdir)
+        self.http_port, self.tcp_port = free_port(), free_port()
+        self.zookeeper = zookeeper
+
+    @property
+    def dsn(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def prepare(self) -> None:
+        keeper = ""
+        if self.zookeeper is not None:
+            keeper = (f"<zookeeper><node><host>127.0.0.1</host><port>{self.zookeeper.port}</port></node>"
+                      f"<sessions_path>/clickhouse/sessions-{uuid.uuid4().hex[:12]}</sessions_path>"
+                      "<session_timeout_ms>15000</session_timeout_ms></zookeeper>"
+                      "<keeper_map_path_prefix>/chsink_keeper_map</keeper_map_path_prefix>")
+        (self.workdir / "config.xml").write_text(
+            f"<clickhouse><listen_host>127.0.0.1</listen_host><http_port>{self.http_port}</http_port>"
+            f"<tcp_port>{self.tcp_port}</tcp_port><logger><level>warning</level><console>1</console></logger>"
+            f"{keeper}</clickhouse>\n")
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "hack.testbed.chserver", str(self.workdir)]
+
+    def env(self) -> dict[str, str]:
+        from .process import REPO
+
+        return {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.dsn}/ping", timeout=2) as r:
+            return bool(r.read().strip() == b"Ok.")
+
+    def start(self, timeout: float = 90.0) -> None:
+        if not (self.workdir / "config.xml").exists():
+            self.prepare()
+        super().start(timeout)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        fifo = self.workdir / "stop.fifo"
+        if self.proc is not None and self.proc.poll() is None and fifo.exists():
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the blocked query reads a line and ends
+            try:
+                os.write(fd, b"stop\n")
+            finally:
+                os.close(fd)
+        super().stop(timeout)
 
 
 class Kafka(ManagedProcess):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,16 +22,21 @@ from ..formats.jsoneachrow import LineBatch, build_lines
 log = logging.getLogger("chsink.job")
 
 
+def _outcome_fields() -> list[tuple[str, bool]]:
+    """(name, is text) of PartitionOutcome's fields. Resolved type hints: the module's annotations are strings
+    (`from __future__ import annotations`), so `__annotations__` alone would call every field a number."""
+    return [(n, t is str) for n, t in typing.get_type_hints(PartitionOutcome).items()]
+
+
 def outcome_ddl() -> str:
     """PartitionOutcome as Spark's DDL schema (mapInArrow's result)."""
-    return ", ".join(f"{n} {'string' if t is str else 'long'}" for n, t in PartitionOutcome.__annotations__.items())
+    return ", ".join(f"{n} {'string' if text else 'long'}" for n, text in _outcome_fields())
 
 
 def _outcome_arrow_schema() -> Any:
     import pyarrow as pa
 
-    return pa.schema([(n, pa.string() if t is str else pa.int64())
-                      for n, t in PartitionOutcome.__annotations__.items()])
+    return pa.schema([(n, pa.string() if text else pa.int64()) for n, text in _outcome_fields()])
 
 
 def partition_slices(tbl: Any) -> Iterator[tuple[str, int, Any]]:

@@ -22,6 +22,7 @@ from confluent_kafka import Producer
 
 from hack.testbed import Kafka
 from hack.testbed.process import REPO
+from hack.testbed.servers import ClickHouseServer
 
 EVENTS_TABLE = (
     "CREATE TABLE IF NOT EXISTS {db}.events (id UInt64, name LowCardinality(String), amount Decimal(12, 2), "
@@ -38,8 +39,11 @@ def event(i: int) -> dict[str, Any]:
 
 class SinkHarness:
     def __init__(self, workdir: Path, kafka: Kafka, topic: str, dlq_topic: str, engine: str = "EmbeddedRocksDB",
-                 chdb_config: Path | None = None, **batching: Any) -> None:
+                 chdb_config: Path | None = None, server: ClickHouseServer | None = None, **batching: Any) -> None:
+        """`server`: a real ClickHouse server process, reached over HTTP, each partition written by an executor
+        task (production's path); without it, the embedded chdb written by the driver."""
         self.workdir = workdir
+        self.server = server
         self.kafka = kafka
         self.topic = topic
         self.chdb = workdir / "chdb"
@@ -52,13 +56,14 @@ class SinkHarness:
         cfg: dict[str, Any] = {
             "name": f"sink-{topic}"[:60].lower(),
             "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [topic]},
-            "clickhouse": {"endpoints": [f"chdb://{self.chdb}"], "database": "e2e", "tables": {topic: "events"}},
+            "clickhouse": {"endpoints": [server.dsn if server else f"chdb://{self.chdb}"], "database": "e2e",
+                           "tables": {topic: "events"}},
             "state": {"engine": engine, "keeperPath": f"/e2e_{topic}"},
             "dlq": {"topic": dlq_topic},
             "batching": {"maxOffsetsPerTrigger": 3000, "blockOffsets": 1000, "triggerInterval": "1 second", **batching},
             "checkpointLocation": str(self.checkpoint),
         }
-        if chdb_config:
+        if chdb_config and not server:
             cfg["clickhouse"]["chdbConfigFile"] = str(chdb_config)
         self.config = cfg
         self.write_config()
@@ -71,6 +76,17 @@ class SinkHarness:
         return dict(os.environ, PYTHONUNBUFFERED="1")  # the job finds the Kafka connector where `make setup` put it
 
     def sql(self, *statements: str) -> list[Any]:
+        if self.server is not None:  # a server: any process may talk to it, the job running or not
+            import clickhouse_connect
+
+            client = clickhouse_connect.get_client(dsn=self.server.dsn)
+            out = []
+            for stmt in statements:
+                if stmt.lstrip().upper().startswith(("SELECT", "WITH", "SHOW", "DESCRIBE")):
+                    out.append(json.loads(json.dumps([list(r) for r in client.query(stmt).result_rows], default=str)))
+                else:
+                    client.command(stmt)
+            return out
         cmd = [sys.executable, "-m", "hack.chsql", str(self.chdb)]
         if self.chdb_config:
             cmd += ["--config", str(self.chdb_config)]
