@@ -1,5 +1,7 @@
 """`make bench`: (a) Spark's Kafka source, (b) raw insert, (c) the exactly-once job, (d) the same job at
-least once, on the same data in the same run; JSON + PNG in bench/results/. See bench/README.md."""
+least once, both on the embedded chdb (the driver writes), and (e)/(f) the same two over HTTP to a real
+ClickHouse server process (executors write: production's path), on the same data in the same run;
+JSON + PNG in bench/results/. See bench/README.md."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import yaml
 
 from hack.testbed import Kafka
 from hack.testbed.process import REPO
+from hack.testbed.servers import ClickHouseServer
 from hack.testbed.spark import connector_jars
 
 from .data import TABLE, produce
@@ -97,15 +100,26 @@ def _tree(root: int) -> list[tuple[int, str, float]]:
 
 
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
-            block_offsets: int, profile: Path | None = None) -> dict[str, Any]:
-    """(c) or (d): the real job (`python -m sparkapp run`) on its own chdb, until the topic is drained."""
+            block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None) -> dict[str, Any]:
+    """(c)/(d): the real job (`python -m sparkapp run`) on its own chdb; (e)/(f) with `server`: over HTTP to
+    that ClickHouse server, in a database of its own; until the topic is drained."""
     chdb = work / "chdb"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    subprocess.run([sys.executable, "-m", "hack.chsql", str(chdb), "CREATE DATABASE IF NOT EXISTS bench",
-                    TABLE.format(db="bench", table="events")], cwd=REPO, check=True, capture_output=True)
+    db = f"bench_{work.name}"
+    ddl = [f"CREATE DATABASE IF NOT EXISTS {db}", TABLE.format(db=db, table="events")]
+    if server is None:
+        subprocess.run([sys.executable, "-m", "hack.chsql", str(chdb), *ddl], cwd=REPO, check=True,
+                       capture_output=True)
+    else:
+        import clickhouse_connect
+
+        client = clickhouse_connect.get_client(dsn=server.dsn)
+        for stmt in ddl:
+            client.command(stmt)
     cfg = {"name": f"bench-{work.name}", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [topic]},
-           "clickhouse": {"endpoints": [f"chdb://{chdb}"], "database": "bench", "tables": {topic: "events"}},
+           "clickhouse": {"endpoints": [server.dsn if server else f"chdb://{chdb}"], "database": db,
+                          "tables": {topic: "events"}},
            "state": {"engine": "EmbeddedRocksDB", "enabled": exactly_once},
            "batching": {"maxOffsetsPerTrigger": max_offsets, "blockOffsets": block_offsets,
                         "triggerInterval": "0 seconds"},
@@ -121,8 +135,13 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
                                 stderr=subprocess.STDOUT)
     sampler = RssSampler(proc.pid)
     sampler.start()
+    served = RssSampler(server.proc.pid) if server is not None and server.proc is not None else None
+    if served is not None:
+        served.start()
     code = proc.wait(3600)
     sampler.done.set()
+    if served is not None:
+        served.done.set()
     text = log.read_text(errors="replace")
     keep = Path(os.environ.get("CHSINK_BENCH_LOGS", "")) if os.environ.get("CHSINK_BENCH_LOGS") else None
     if keep:
@@ -147,6 +166,9 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
             "batch_p50_s": statistics.median(lat), "batch_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "peak_rss": {k: round(v, 1) for k, v in sampler.peak.items()},
             "cpu_cores_used": round(sampler.cores_used(steady[0][0], steady[-1][1]), 2),
+            **({"server_cpu_cores_used": round(served.cores_used(steady[0][0], steady[-1][1]), 2)}
+               if served is not None else {}),
+            "path": "http, executors" if server else "embedded chdb, driver",
             "max_offsets_per_trigger": max_offsets}
 
 
@@ -220,7 +242,13 @@ def main(argv: list[str] | None = None) -> int:
                             out / "profile-c.speedscope.json" if a.profile else None)
             say(f"    {res_c['rows_per_s']:,.0f} rows/s; (d) the job, at-least-once")
             res_d = run_job(work / "d", kafka, topic, a.events, a.batch, False, a.block)
-            say(f"    {res_d['rows_per_s']:,.0f} rows/s; sweep over maxOffsetsPerTrigger {sweep}")
+            with ClickHouseServer(work / "clickhouse") as server:
+                assert isinstance(server, ClickHouseServer)
+                say(f"    {res_d['rows_per_s']:,.0f} rows/s; (e) exactly-once over HTTP, executors writing")
+                res_e = run_job(work / "e", kafka, topic, a.events, a.batch, True, a.block, server=server)
+                say(f"    {res_e['rows_per_s']:,.0f} rows/s; (f) at-least-once over HTTP")
+                res_f = run_job(work / "f", kafka, topic, a.events, a.batch, False, a.block, server=server)
+            say(f"    {res_f['rows_per_s']:,.0f} rows/s; sweep over maxOffsetsPerTrigger {sweep}")
             swept: dict[str, list[dict[str, Any]]] = {"c": [], "d": []}
             for m in sweep:
                 for key, eo in (("c", True), ("d", False)):
@@ -230,11 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions, "cores": cores,
         "mean_value_bytes": round(size, 1), "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
-        "a": res_a, "b": res_b, "c": res_c, "d": res_d, "sweep": swept,
+        "a": res_a, "b": res_b, "c": res_c, "d": res_d, "e": res_e, "f": res_f, "sweep": swept,
         "rows_per_s": c, "rows_per_s_per_core": c / cores,
         "ratio_c_a": c / res_a["rows_per_s"], "ratio_c_b": c / res_b["rows_per_s"],
         "ratio_c_d": c / res_d["rows_per_s"],
         "ratio_c_min_ab": c / min(res_a["rows_per_s"], res_b["rows_per_s"]),
+        "ratio_e_a": res_e["rows_per_s"] / res_a["rows_per_s"], "ratio_e_f": res_e["rows_per_s"] / res_f["rows_per_s"],
+        "ratio_e_c": res_e["rows_per_s"] / c,
         "targets": {"ratio_c_d>=0.95": c / res_d["rows_per_s"] >= 0.95,
                     "ratio_c_min_ab>=0.5": c / min(res_a["rows_per_s"], res_b["rows_per_s"]) >= 0.5,
                     "rows_per_s_per_core>=100000": c / cores >= 100_000},

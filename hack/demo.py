@@ -8,6 +8,7 @@ twice mid-stream (once also losing its checkpoint), restarted, and finally check
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -25,6 +26,7 @@ import yaml
 
 from hack.testbed import Kafka, scratch_env
 from hack.testbed.process import REPO
+from hack.testbed.servers import ClickHouseServer
 
 TABLE = """CREATE TABLE IF NOT EXISTS demo.events (
     event_id UInt64, user_id UInt64, event_type LowCardinality(String), country LowCardinality(String),
@@ -142,12 +144,21 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batch", type=int, default=80_000, help="offsets per micro-batch (maxOffsetsPerTrigger)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--clickhouse", choices=("embedded", "server"), default="embedded",
+                    help="embedded chdb written by the driver (default, quickest to start), or a real ClickHouse "
+                         "server process over HTTP written by executors (production's path)")
     a = ap.parse_args()
     t_start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="chsink-demo-"))
     say(f"work directory {work}")
-    with Kafka(work / "kafka") as kafka:
+    with Kafka(work / "kafka") as kafka, contextlib.ExitStack() as stack:
         assert isinstance(kafka, Kafka)
+        server: ClickHouseServer | None = None
+        if a.clickhouse == "server":
+            started = stack.enter_context(ClickHouseServer(work / "clickhouse"))
+            assert isinstance(started, ClickHouseServer)
+            server = started
+            say(f"ClickHouse server {server.dsn} up (HTTP; the job writes from its executors)")
         kafka.create_topic("events", a.partitions)
         kafka.create_topic("events-dlq", 1)
         say(f"Kafka {kafka.bootstrap} up; producing {a.events:,} events over {a.partitions} partitions...")
@@ -156,19 +167,28 @@ def main() -> int:
         say(f"produced {a.events:,} events ({bad} malformed on purpose) in {time.monotonic() - t0:.1f}s")
 
         chdb = work / "chdb"
-        subprocess.run([sys.executable, "-m", "hack.chsql", str(chdb), "CREATE DATABASE IF NOT EXISTS demo", TABLE],
-                       cwd=REPO, check=True)
+        if server is None:
+            subprocess.run([sys.executable, "-m", "hack.chsql", str(chdb), "CREATE DATABASE IF NOT EXISTS demo",
+                            TABLE], cwd=REPO, check=True)
+        else:
+            import clickhouse_connect
+
+            client = clickhouse_connect.get_client(dsn=server.dsn)
+            client.command("CREATE DATABASE IF NOT EXISTS demo")
+            client.command(TABLE)
         config = work / "sink.yaml"
         config.write_text(yaml.safe_dump({
             "name": "demo", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": ["events"]},
-            "clickhouse": {"endpoints": [f"chdb://{chdb}"], "database": "demo", "tables": {"events": "events"}},
+            "clickhouse": {"endpoints": [server.dsn if server else f"chdb://{chdb}"], "database": "demo",
+                           "tables": {"events": "events"}},
             "state": {"engine": "EmbeddedRocksDB"}, "dlq": {"topic": "events-dlq"},
             "batching": {"maxOffsetsPerTrigger": a.batch, "blockOffsets": 100_000, "triggerInterval": "1 second"},
             "checkpointLocation": str(work / "checkpoint"),
         }))
         job = Job(config, work)
         t_job = time.monotonic()
-        say("starting the job (embedded ClickHouse + EmbeddedRocksDB state)")
+        say(f"starting the job ({'embedded ClickHouse' if server is None else 'ClickHouse over HTTP'}"
+            " + EmbeddedRocksDB state)")
         job.start()
         job.wait_batches(3)
         say(f"SIGKILL #1 mid-stream ({job.delivered()})")

@@ -17,9 +17,11 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     data = json.loads(out.read_text())
     for key in ("rows_per_s_per_core", "ratio_c_d", "ratio_c_min_ab", "ratio_c_a", "ratio_c_b"):
         assert data[key] > 0
-    for k in ("a", "b", "c", "d"):
+    for k in ("a", "b", "c", "d", "e", "f"):
         assert data[k]["rows_per_s"] > 0
-    assert data["c"]["rows"] == data["d"]["rows"] == data["events"]
+    assert data["c"]["rows"] == data["d"]["rows"] == data["e"]["rows"] == data["f"]["rows"] == data["events"]
+    assert data["e"]["path"] == "http, executors" and data["e"]["server_cpu_cores_used"] > 0
+    assert data["ratio_e_f"] > 0 and data["ratio_e_c"] > 0
     assert data["c"]["peak_rss"]["driver_jvm_mb"] > 0 and data["c"]["peak_rss"]["driver_python_mb"] > 0
     assert data["c"]["batch_p99_s"] >= data["c"]["batch_p50_s"] > 0
     assert out.with_suffix(".png").stat().st_size > 10_000
