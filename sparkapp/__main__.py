@@ -37,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+# errors a user acts on, each with its exit code (documented in README) and a one-line heading
+_EXITS: dict[type[Exception], tuple[int, str]] = {
+    ConfigError: (2, "configuration error"), FencedError: (3, "fenced"), DataLossError: (4, "data loss"),
+    IrrecoverableStateError: (5, "state does not match Kafka"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -59,18 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report.to_json() if args.json else report.to_text())
             return 0 if report.ok else 1
         return _state(cfg, args)
-    except ConfigError as e:
-        print(f"chsink: configuration error: {e}", file=sys.stderr)
-        return 2
-    except FencedError as e:
-        print(f"chsink: fenced: {e}", file=sys.stderr)
-        return 3
-    except DataLossError as e:
-        print(f"chsink: data loss: {e}", file=sys.stderr)
-        return 4
-    except IrrecoverableStateError as e:
-        print(f"chsink: state does not match Kafka: {e}", file=sys.stderr)
-        return 5
+    except tuple(_EXITS) as e:
+        code, what = next(v for k, v in _EXITS.items() if isinstance(e, k))
+        print(f"chsink: {what}: {e}", file=sys.stderr)
+        return code
 
 
 def _state(cfg: SinkConfig, args: argparse.Namespace) -> int:
