@@ -1,7 +1,7 @@
 """`make bench`: (a) Spark's Kafka source, (b) raw insert, (c) the exactly-once job, (d) the same job at
-least once, both on the embedded chdb (the driver writes), and (e)/(f) the same two over HTTP to a real
-ClickHouse server process (executors write: production's path), on the same data in the same run;
-JSON + PNG in bench/results/. See bench/README.md."""
+least once, both on the embedded chdb (the driver writes), (e)/(f) the same two over HTTP to a real
+ClickHouse server process (executors write: production's path), and the peers (g)/(h)/(i) on that server,
+on the same data in the same run; JSON + PNG in bench/results/. See bench/README.md."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ import yaml
 
 from hack.testbed import Kafka
 from hack.testbed.process import REPO
-from hack.testbed.servers import ClickHouseServer
+from hack.testbed.servers import ClickHouseServer, ZooKeeper
 from hack.testbed.spark import connector_jars
 
+from . import peers
 from .data import TABLE, produce
 
 BATCH_LINE = re.compile(r"^(\S+ \S+) INFO chsink\.job: batch (\d+): (\d+) records from \d+ partitions in ([\d.]+)s")
@@ -37,35 +38,45 @@ def say(msg: str) -> None:
 
 
 class RssSampler(threading.Thread):
-    """Peak resident memory of a process tree, split into the driver (Python + JVM) and Python workers."""
+    """Peak resident memory and CPU of a process tree, split into the driver's Python, its JVM (Spark) and the
+    Python workers (executors' writers); any other tree (a server) counts as `other`."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.peak = {"driver_python_mb": 0.0, "driver_jvm_mb": 0.0, "python_workers_mb": 0.0}
-        self.cpu: dict[int, float] = {}  # last seen user+system CPU seconds per process of the tree
-        self.samples: list[tuple[float, float]] = []  # (epoch seconds, CPU seconds of the whole tree so far)
+        self.peak_total = 0.0  # MB, the whole tree
+        self.cpu: dict[int, tuple[str, float]] = {}  # last seen (part, user+system CPU seconds) per process
+        self.samples: list[tuple[float, dict[str, float]]] = []  # (epoch seconds, CPU seconds so far per part)
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.25):
             now = {k: 0.0 for k in self.peak}
+            total = 0.0
             for pid, cmd, rss in _tree(self.pid):
-                self.cpu[pid] = max(self.cpu.get(pid, 0.0), _cpu_seconds(pid))
-                key = ("driver_python_mb" if "-m sparkapp run" in cmd else "driver_jvm_mb" if "java" in cmd
-                       else "python_workers_mb" if "pyspark" in cmd else None)
-                if key:
-                    now[key] += rss
+                total += rss
+                part = ("driver_python" if "-m sparkapp run" in cmd else "driver_jvm" if "java" in cmd
+                        else "python_workers" if "pyspark" in cmd else "other")
+                self.cpu[pid] = (part, max(self.cpu.get(pid, ("", 0.0))[1], _cpu_seconds(pid)))
+                if part != "other":
+                    now[f"{part}_mb"] += rss
             for k, v in now.items():
                 self.peak[k] = max(self.peak[k], v)
-            self.samples.append((time.time(), sum(self.cpu.values())))
+            self.peak_total = max(self.peak_total, total)
+            parts: dict[str, float] = {}
+            for part, cpu in self.cpu.values():
+                parts[part] = parts.get(part, 0.0) + cpu
+            self.samples.append((time.time(), parts))
 
-    def cores_used(self, start: float, end: float) -> float:
-        """Average CPU cores the job used between two wall-clock instants."""
+    def cores_used(self, start: float, end: float) -> dict[str, float]:
+        """Average CPU cores each part of the tree used between two wall-clock instants (and `total`)."""
         inside = [(t, c) for t, c in self.samples if start <= t <= end]
         if len(inside) < 2:
-            return 0.0
-        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+            return {"total": 0.0}
+        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        out = {k: round((v - c0.get(k, 0.0)) / (t1 - t0), 2) for k, v in c1.items()}
+        return {**out, "total": round(sum(out.values()), 2)}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -97,6 +108,14 @@ def _tree(root: int) -> list[tuple[int, str, float]]:
             continue
         out.append((pid, cmd, rss))
     return out
+
+
+def _sample(proc: subprocess.Popen[bytes] | None) -> RssSampler | None:
+    if proc is None:
+        return None
+    sampler = RssSampler(proc.pid)
+    sampler.start()
+    return sampler
 
 
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
@@ -133,15 +152,13 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
         proc = subprocess.Popen([*spy, sys.executable, "-m", "sparkapp", "run", "--config", str(work / "sink.yaml"),
                                  "--until-idle", "4", "--quiet"], cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
-    sampler = RssSampler(proc.pid)
-    sampler.start()
-    served = RssSampler(server.proc.pid) if server is not None and server.proc is not None else None
-    if served is not None:
-        served.start()
+    sampler = _sample(proc)
+    others = {"clickhouse_server": _sample(server.proc if server is not None else None), "kafka": _sample(kafka.proc)}
     code = proc.wait(3600)
-    sampler.done.set()
-    if served is not None:
-        served.done.set()
+    for s in (sampler, *others.values()):
+        if s is not None:
+            s.done.set()
+    assert sampler is not None
     text = log.read_text(errors="replace")
     keep = Path(os.environ.get("CHSINK_BENCH_LOGS", "")) if os.environ.get("CHSINK_BENCH_LOGS") else None
     if keep:
@@ -165,11 +182,32 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
             "first_batch_s": batches[0][3], "all_batches_rows_per_s": rows / (batches[-1][1] - batches[0][0]),
             "batch_p50_s": statistics.median(lat), "batch_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "peak_rss": {k: round(v, 1) for k, v in sampler.peak.items()},
-            "cpu_cores_used": round(sampler.cores_used(steady[0][0], steady[-1][1]), 2),
-            **({"server_cpu_cores_used": round(served.cores_used(steady[0][0], steady[-1][1]), 2)}
-               if served is not None else {}),
+            "cpu_cores_used": {**sampler.cores_used(steady[0][0], steady[-1][1]),
+                               **{k: s.cores_used(steady[0][0], steady[-1][1])["total"]
+                                  for k, s in others.items() if s is not None}},
             "path": "http, executors" if server else "embedded chdb, driver",
             "max_offsets_per_trigger": max_offsets}
+
+
+PEERS = {"g": "ClickHouse Kafka Connect sink, exactlyOnce=true (KeeperMap)",
+         "h": "ClickHouse Kafka Connect sink, at-least-once", "i": "clickhouse_sinker, at-least-once"}
+
+
+def run_peers(work: Path, kafka: Kafka, topic: str, n: int, server: ClickHouseServer) -> dict[str, Any]:
+    """(g)/(h)/(i); a peer that is not built, or fails, is reported with the reason instead of figures."""
+    out: dict[str, Any] = {}
+    for key in PEERS:
+        say(f"({key}) {PEERS[key]}")
+        try:
+            if key == "i":
+                out[key] = peers.run_sinker(work / key, kafka.bootstrap, topic, n, server, _sample)
+            else:
+                out[key] = peers.run_connect(work / key, kafka.bootstrap, topic, n, server, key == "g", _sample)
+            say(f"    {out[key]['rows_per_s']:,.0f} rows/s, {out[key]['duplicates']} duplicates")
+        except (peers.PeerMissingError, RuntimeError) as e:
+            out[key] = {"unavailable": str(e)[:2000]}
+            say(f"    not measured: {str(e).splitlines()[0]}")
+    return out
 
 
 def measure(kind: str, *args: str) -> dict[str, Any]:
@@ -242,13 +280,15 @@ def main(argv: list[str] | None = None) -> int:
                             out / "profile-c.speedscope.json" if a.profile else None)
             say(f"    {res_c['rows_per_s']:,.0f} rows/s; (d) the job, at-least-once")
             res_d = run_job(work / "d", kafka, topic, a.events, a.batch, False, a.block)
-            with ClickHouseServer(work / "clickhouse") as server:
+            with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
                 assert isinstance(server, ClickHouseServer)
                 say(f"    {res_d['rows_per_s']:,.0f} rows/s; (e) exactly-once over HTTP, executors writing")
                 res_e = run_job(work / "e", kafka, topic, a.events, a.batch, True, a.block, server=server)
                 say(f"    {res_e['rows_per_s']:,.0f} rows/s; (f) at-least-once over HTTP")
                 res_f = run_job(work / "f", kafka, topic, a.events, a.batch, False, a.block, server=server)
-            say(f"    {res_f['rows_per_s']:,.0f} rows/s; sweep over maxOffsetsPerTrigger {sweep}")
+                say(f"    {res_f['rows_per_s']:,.0f} rows/s; peers on the same topic, table and server")
+                res_peers = run_peers(work, kafka, topic, a.events, server)
+            say(f"sweep over maxOffsetsPerTrigger {sweep}")
             swept: dict[str, list[dict[str, Any]]] = {"c": [], "d": []}
             for m in sweep:
                 for key, eo in (("c", True), ("d", False)):
@@ -258,13 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions, "cores": cores,
         "mean_value_bytes": round(size, 1), "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
-        "a": res_a, "b": res_b, "c": res_c, "d": res_d, "e": res_e, "f": res_f, "sweep": swept,
+        "a": res_a, "b": res_b, "c": res_c, "d": res_d, "e": res_e, "f": res_f, **res_peers, "sweep": swept,
         "rows_per_s": c, "rows_per_s_per_core": c / cores,
         "ratio_c_a": c / res_a["rows_per_s"], "ratio_c_b": c / res_b["rows_per_s"],
         "ratio_c_d": c / res_d["rows_per_s"],
         "ratio_c_min_ab": c / min(res_a["rows_per_s"], res_b["rows_per_s"]),
         "ratio_e_a": res_e["rows_per_s"] / res_a["rows_per_s"], "ratio_e_f": res_e["rows_per_s"] / res_f["rows_per_s"],
         "ratio_e_c": res_e["rows_per_s"] / c,
+        **{f"ratio_{mine}_{k}": r["rows_per_s"] / p["rows_per_s"]  # chsink over HTTP against each peer
+           for k, p in res_peers.items() if "rows_per_s" in p for mine, r in (("e", res_e), ("f", res_f))},
         "targets": {"ratio_c_d>=0.95": c / res_d["rows_per_s"] >= 0.95,
                     "ratio_c_min_ab>=0.5": c / min(res_a["rows_per_s"], res_b["rows_per_s"]) >= 0.5,
                     "rows_per_s_per_core>=100000": c / cores >= 100_000},

@@ -79,7 +79,7 @@ def sink_config(namespace: str, name: str, spec: dict[str, Any], status: Mapping
         sharding["assignment"] = layout["assignment"]
     if (status or {}).get("previousLayout"):
         sharding["previous"] = previous_config(status["previousLayout"])  # type: ignore[index]
-    for key in ("tableField", "tableHeader", "username"):
+    for key in ("tableField", "tableHeader", "username", "requestTimeoutSeconds"):
         if ch.get(key):
             clickhouse[key] = ch[key]
     if ch.get("credentialsSecretRef"):

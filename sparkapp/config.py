@@ -134,6 +134,10 @@ class ClickHouseConfig(Strict):
     username: str | None = None
     password: SecretRef | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
+    request_timeout_s: int = Field(
+        default=300, alias="requestTimeoutSeconds", gt=0,
+        description="how long one HTTP request may wait for ClickHouse's reply; a shard that hangs (no reset) "
+                    "stalls its partitions after the insert retries, so this bounds how long it holds a batch")
     chdb_config_file: str | None = Field(default=None, alias="chdbConfigFile")
 
     @field_validator("endpoints")
@@ -269,7 +273,8 @@ class SinkConfig(Strict):
     @classmethod
     def _name(cls, v: str) -> str:
         if not _NAME.match(v):
-            raise ValueError("must be 1-120 lowercase letters, digits, '-', '_' or '.'")
+            raise ValueError("must be 1-120 lowercase letters, digits, '-', '_' or '.', beginning and ending with a "
+                             "letter or digit")
         return v
 
     @model_validator(mode="after")

@@ -70,6 +70,19 @@ def clickhouse_server(zookeeper: ZooKeeper, testbed_dir: Path) -> Iterator[Click
 
 
 @pytest.fixture(scope="session")
+def clickhouse_shards(clickhouse_server: ClickHouseServer, testbed_dir: Path) -> Iterator[list[ClickHouseServer]]:
+    """Three ClickHouse server processes, one per shard: the session's server and two more."""
+    more = [ClickHouseServer(testbed_dir / f"clickhouse-shard{i}") for i in (1, 2)]
+    try:
+        for server in more:
+            server.start()
+        yield [clickhouse_server, *more]
+    finally:
+        for server in more:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
 def chdb_config(zookeeper: ZooKeeper, testbed_dir: Path) -> Path:
     return zookeeper.clickhouse_config(testbed_dir / "clickhouse-config.xml")
 

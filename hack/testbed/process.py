@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -138,7 +139,7 @@ class ManagedProcess:
         self.stop()
         self.start(timeout)
 
-    def __enter__(self) -> ManagedProcess:
+    def __enter__(self) -> Self:
         self.prepare()
         self.start()
         return self

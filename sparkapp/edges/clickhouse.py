@@ -14,6 +14,10 @@ if TYPE_CHECKING:
 _CHDB_CLIENTS: dict[tuple[str, str | None], Client] = {}
 
 
+class EndpointUnreachableError(ConfigError):
+    """The endpoint did not answer (network, a restart): worth trying again, unlike a wrong address or password."""
+
+
 def redact_dsn(dsn: str) -> str:
     return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", dsn)
 
@@ -32,7 +36,8 @@ def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Cli
             client = _CHDB_CLIENTS[key]
         else:
             password = cfg.password.resolve("clickhouse.password") if cfg.password else None
-            kw: dict[str, Any] = {"dsn": dsn, "connect_timeout": 10, "send_receive_timeout": 300}
+            kw: dict[str, Any] = {"dsn": dsn, "connect_timeout": 10,
+                                  "send_receive_timeout": cfg.request_timeout_s}
             if cfg.username:
                 kw["username"] = cfg.username
             if password is not None:
@@ -44,8 +49,11 @@ def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Cli
     except ConfigError:
         raise
     except Exception as e:
+        from .insert import is_transient
+
         first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-        raise ConfigError(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {first}") from None
+        kind = EndpointUnreachableError if is_transient(e) else ConfigError
+        raise kind(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {first}") from None
 
 
 def load_schema(client: Client, database: str, table: str) -> TableSchema:

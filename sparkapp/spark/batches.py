@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import typing
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,6 +17,7 @@ from ..config import SinkConfig
 from ..core.records import Message
 from ..delivery.context import PartitionOutcome, PartitionResult, outcome
 from ..delivery.runtime import Runtime
+from ..edges.clickhouse import EndpointUnreachableError
 from ..edges.shards import ShardUnavailableError
 from ..formats.jsoneachrow import LineBatch, build_lines
 
@@ -109,6 +111,24 @@ def _deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[PartitionResu
 
 
 _EXECUTOR_RUNTIMES: dict[tuple[str, int], Runtime] = {}
+OPEN_PATIENCE_S = 60.0
+
+
+def _executor_runtime(cfg_json: str, epoch: int) -> Runtime:
+    """This worker's Runtime. An endpoint that does not answer (a restart, a network blip) is waited for a while:
+    failing at once would spend Spark's few task attempts within a second and fail the batch."""
+    key = (cfg_json, epoch)
+    delay, deadline = 0.5, time.monotonic() + OPEN_PATIENCE_S
+    while key not in _EXECUTOR_RUNTIMES:
+        try:
+            _EXECUTOR_RUNTIMES[key] = Runtime.open(SinkConfig.model_validate_json(cfg_json), epoch)
+        except EndpointUnreachableError as e:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s; trying again in %.1fs", e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
+    return _EXECUTOR_RUNTIMES[key]
 
 
 def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -121,10 +141,7 @@ def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator
         if not got:
             return
         tbl = pa.Table.from_batches(got)
-        key = (cfg_json, epoch)
-        if key not in _EXECUTOR_RUNTIMES:
-            _EXECUTOR_RUNTIMES[key] = Runtime.open(SinkConfig.model_validate_json(cfg_json), epoch)
-        rt = _EXECUTOR_RUNTIMES[key]
+        rt = _executor_runtime(cfg_json, epoch)
         groups = list(partition_slices(tbl))
         if len(groups) > 1:
             raise RuntimeError(f"a task received {len(groups)} Kafka partitions; chsink needs one per task")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -44,6 +45,8 @@ class SinkHarness:
         task (production's path); without it, the embedded chdb written by the driver."""
         self.workdir = workdir
         self.server = server
+        # a server outlives the test: each test gets a database of its own there
+        self.db = "e2e" if server is None else "e2e_" + re.sub(r"\W", "_", topic)[:50]
         self.kafka = kafka
         self.topic = topic
         self.chdb = workdir / "chdb"
@@ -53,10 +56,11 @@ class SinkHarness:
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
         self.logs: list[Path] = []
+        self.extra_env: dict[str, str] = {}
         cfg: dict[str, Any] = {
-            "name": f"sink-{topic}"[:60].lower(),
+            "name": f"sink-{topic}"[:60].lower().rstrip("_-."),
             "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [topic]},
-            "clickhouse": {"endpoints": [server.dsn if server else f"chdb://{self.chdb}"], "database": "e2e",
+            "clickhouse": {"endpoints": [server.dsn if server else f"chdb://{self.chdb}"], "database": self.db,
                            "tables": {topic: "events"}},
             "state": {"engine": engine, "keeperPath": f"/e2e_{topic}"},
             "dlq": {"topic": dlq_topic},
@@ -67,13 +71,16 @@ class SinkHarness:
             cfg["clickhouse"]["chdbConfigFile"] = str(chdb_config)
         self.config = cfg
         self.write_config()
-        self.sql("CREATE DATABASE IF NOT EXISTS e2e", EVENTS_TABLE.format(db="e2e"))
+        if server is not None:
+            self.sql(f"DROP DATABASE IF EXISTS {self.db} SYNC")
+        self.sql(f"CREATE DATABASE IF NOT EXISTS {self.db}", EVENTS_TABLE.format(db=self.db))
 
     def write_config(self) -> None:
         self.config_path.write_text(yaml.safe_dump(self.config))
 
     def env(self) -> dict[str, str]:
-        return dict(os.environ, PYTHONUNBUFFERED="1")  # the job finds the Kafka connector where `make setup` put it
+        # the job finds the Kafka connector where `make setup` put it
+        return dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
 
     def sql(self, *statements: str) -> list[Any]:
         if self.server is not None:  # a server: any process may talk to it, the job running or not

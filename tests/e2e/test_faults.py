@@ -22,7 +22,7 @@ def check_exactly_once(sink: SinkHarness, produced: int, bad: int) -> dict:
     assert report["ok"], f"verifier found anomalies: {totals}"
     assert totals["duplicates"] == 0 and totals["gaps"] == 0 and totals["pending"] == 0
     assert (totals["clickhouse"], totals["dead_lettered"]) == (produced - bad, bad)
-    [[count, unique]] = sink.sql("SELECT count(), uniqExact(_topic, _partition, _offset) FROM e2e.events")[0]
+    [[count, unique]] = sink.sql(f"SELECT count(), uniqExact(_topic, _partition, _offset) FROM {sink.db}.events")[0]
     assert count == unique == produced - bad
     return report
 
@@ -66,9 +66,9 @@ def test_sigkill_storm_with_lost_checkpoints_and_server_restarts(tmp_path, kafka
     assert faults.count("sigkill") >= 10 or KILLS < 10
 
 
-def test_redeploy_with_changed_batch_size_and_no_checkpoint(tmp_path, kafka, topic):
+def test_redeploy_with_changed_batch_size_and_no_checkpoint(tmp_path, kafka, topic, ch_path):
     src, dlq = topic(4), topic(1)
-    sink = SinkHarness(tmp_path, kafka, src, dlq, maxOffsetsPerTrigger=1000)
+    sink = SinkHarness(tmp_path, kafka, src, dlq, server=ch_path, maxOffsetsPerTrigger=1000)
     producer = BackgroundProducer(kafka, src, total=12_000, per_second=4000)
     producer.start()
     sink.start("--quiet")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import time
 
-from .harness import EVENTS_TABLE, BackgroundProducer, SinkHarness
+from .harness import BackgroundProducer, SinkHarness
 from .test_faults import check_exactly_once
 
 KILLS = 6
@@ -16,7 +16,6 @@ KILLS = 6
 def test_http_executor_path_storm_with_clickhouse_killed(tmp_path, kafka, topic, clickhouse_server):
     src, dlq = topic(4), topic(1)
     sink = SinkHarness(tmp_path, kafka, src, dlq, engine="KeeperMap", server=clickhouse_server)
-    sink.sql("DROP TABLE IF EXISTS e2e.events", EVENTS_TABLE.format(db="e2e"))  # the server outlives tests
     producer = BackgroundProducer(kafka, src, total=10**9, per_second=400)
     producer.start()
     rnd = random.Random(13)

@@ -29,9 +29,9 @@ def dlq_messages(bootstrap: str, topic: str, n: int) -> list:
     return out
 
 
-def test_bad_input_reaches_the_dlq_and_the_job_keeps_running(tmp_path, kafka, topic):
+def test_bad_input_reaches_the_dlq_and_the_job_keeps_running(tmp_path, kafka, topic, ch_path):
     src, dlq = topic(2), topic(1)
-    sink = SinkHarness(tmp_path, kafka, src, dlq)
+    sink = SinkHarness(tmp_path, kafka, src, dlq, server=ch_path)
     sink.config["format"] = {"maxMessageBytes": 4096}
     sink.write_config()
     bad = {
@@ -60,10 +60,10 @@ def test_bad_input_reaches_the_dlq_and_the_job_keeps_running(tmp_path, kafka, to
     assert report["totals"]["dead_lettered"] == len(bad)
 
 
-def test_multi_table_topic_routes_by_field_with_state_per_table(tmp_path, kafka, topic):
+def test_multi_table_topic_routes_by_field_with_state_per_table(tmp_path, kafka, topic, ch_path):
     src, dlq = topic(1), topic(1)
-    sink = SinkHarness(tmp_path, kafka, src, dlq)
-    sink.sql("CREATE TABLE e2e.clicks (id UInt64, _topic String, _partition UInt16, _offset UInt64) "
+    sink = SinkHarness(tmp_path, kafka, src, dlq, server=ch_path)
+    sink.sql(f"CREATE TABLE {sink.db}.clicks (id UInt64, _topic String, _partition UInt16, _offset UInt64) "
              "ENGINE = MergeTree ORDER BY _offset SETTINGS non_replicated_deduplication_window = 1000")
     sink.config["clickhouse"]["tableField"] = "table"
     sink.write_config()
@@ -73,7 +73,7 @@ def test_multi_table_topic_routes_by_field_with_state_per_table(tmp_path, kafka,
         p.produce(src, json.dumps({**event(i), "table": table}).encode(), partition=0)
     assert p.flush(30) == 0
     sink.drain()
-    [[events]], [[clicks]] = sink.sql("SELECT count() FROM e2e.events", "SELECT count() FROM e2e.clicks")
+    [[events]], [[clicks]] = sink.sql(f"SELECT count() FROM {sink.db}.events", f"SELECT count() FROM {sink.db}.clicks")
     assert (events, clicks) == (10, 10)
     reasons = {dict(m.headers())[HEADER_REASON].decode().split(":")[0] for m in dlq_messages(kafka.bootstrap, dlq, 10)}
     assert reasons == {"unknown target table 'nope'"}

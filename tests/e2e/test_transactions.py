@@ -14,13 +14,13 @@ from .harness import SinkHarness, event
 
 
 def _ids(sink: SinkHarness) -> list[int]:
-    [rows] = sink.sql("SELECT id FROM e2e.events ORDER BY id")
+    [rows] = sink.sql(f"SELECT id FROM {sink.db}.events ORDER BY id")
     return [int(r[0]) for r in rows]
 
 
-def test_aborted_and_open_transactions_are_not_inserted_and_the_open_one_lands_once_committed(tmp_path, kafka, topic):
+def test_aborted_and_open_transactions_are_not_inserted_and_the_open_one_lands_once_committed(tmp_path, kafka, topic, ch_path):
     src, dlq = topic(2), topic(1)
-    sink = SinkHarness(tmp_path, kafka, src, dlq, maxOffsetsPerTrigger=70)
+    sink = SinkHarness(tmp_path, kafka, src, dlq, server=ch_path, maxOffsetsPerTrigger=70)
     p = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"tx-{src}", "linger.ms": 5})
     p.init_transactions(30)
 

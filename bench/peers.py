@@ -1,0 +1,166 @@
+"""The peers `make bench` runs beside chsink, on the same topic, table DDL and ClickHouse server process:
+the ClickHouse Kafka Connect sink on Apache Kafka Connect (exactly-once with KeeperMap state, and without), and
+clickhouse_sinker (at-least-once). Built by `hack/peers.sh`; a peer that is not there is reported as such.
+
+Each is timed from its first row in ClickHouse to the last (its start-up and consumer-group join excluded, as
+chsink's first batch is), with the CPU its process tree and the server used meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from hack.testbed.process import cache_dir, free_port, versions
+from hack.testbed.servers import ClickHouseServer, _java
+
+from .data import TABLE
+
+
+class PeerMissingError(RuntimeError):
+    """The peer was not built (hack/peers.sh says why)."""
+
+
+def _connect_home() -> Path:
+    v = versions()
+    home = cache_dir() / f"kafka-connect-{v['KAFKA_VERSION']}-ch-{v['CLICKHOUSE_KAFKA_CONNECT_VERSION']}"
+    if not home.exists():
+        raise PeerMissingError(f"{home} missing: run `hack/peers.sh kafka-connect`")
+    return home
+
+
+def _sinker_bin() -> Path:
+    path = cache_dir() / f"clickhouse_sinker-{versions()['CLICKHOUSE_SINKER_VERSION']}" / "clickhouse_sinker"
+    if not path.exists():
+        raise PeerMissingError(f"{path} missing: run `hack/peers.sh sinker`")
+    return path
+
+
+def _table(server: ClickHouseServer, db: str) -> Any:
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(dsn=server.dsn)
+    client.command(f"DROP DATABASE IF EXISTS {db} SYNC")
+    client.command(f"CREATE DATABASE {db}")
+    client.command(TABLE.format(db=db, table="events"))
+    return client
+
+
+def _until_landed(client: Any, db: str, n: int, proc: subprocess.Popen[bytes], log: Path, sampler: Any,
+                  served: Any, fatal: str | None = None, timeout: float = 1800) -> dict[str, Any]:
+    """Waits until n rows are in the table; rows/s from the first row to the last."""
+    started, first, count = time.time(), None, 0
+    deadline = time.monotonic() + timeout
+    while count < n:
+        if proc.poll() is not None or (fatal and fatal in log.read_text(errors="replace")):
+            raise RuntimeError(f"peer failed (exit {proc.poll()}) with {count} of {n} rows:\n"
+                               f"{log.read_text(errors='replace')[-3000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"peer landed {count} of {n} rows in {timeout}s:\n"
+                               f"{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.25)
+        count = int(client.query(f"SELECT count() FROM {db}.events").result_rows[0][0])
+        if count and first is None:
+            first = time.time()
+    end = time.time()
+    assert first is not None
+    [[unique]] = client.query(f"SELECT uniqExact(id) FROM {db}.events").result_rows
+    steady = max(end - first, 0.25)  # one poll: a peer faster than that lands everything between two polls
+    return {"rows": count, "unique_ids": int(unique), "duplicates": count - int(unique),
+            "seconds": steady, "rows_per_s": count / steady, "start_to_first_row_s": first - started,
+            "from_start_rows_per_s": count / (end - started),
+            "cpu_cores_used": {"peer": sampler.cores_used(first, end)["total"],
+                               "clickhouse_server": served.cores_used(first, end)["total"] if served else 0.0},
+            "peak_rss_mb": round(sampler.peak_total, 1)}
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def run_connect(work: Path, bootstrap: str, topic: str, n: int, server: ClickHouseServer, exactly_once: bool,
+                sample: Any) -> dict[str, Any]:
+    """The ClickHouse Kafka Connect sink in a standalone Kafka Connect worker, one task per core."""
+    home = _connect_home()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    db = f"peer_{work.name}"
+    client = _table(server, db)
+    (work / "worker.properties").write_text("\n".join([
+        f"bootstrap.servers={bootstrap}", "key.converter=org.apache.kafka.connect.storage.StringConverter",
+        "value.converter=org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable=false",
+        f"offset.storage.file.filename={work / 'offsets'}", f"plugin.path={home / 'plugins'}",
+        f"listeners=http://127.0.0.1:{free_port()}", "consumer.auto.offset.reset=earliest",
+        "consumer.max.poll.records=10000", "consumer.fetch.max.bytes=67108864",
+        "consumer.max.partition.fetch.bytes=16777216", "offset.flush.interval.ms=1000", ""]))
+    (work / "sink.properties").write_text("\n".join([
+        f"name=ch-{work.name}", "connector.class=com.clickhouse.kafka.connect.ClickHouseSinkConnector",
+        f"tasks.max={os.cpu_count() or 1}", f"topics={topic}", f"topic2TableMap={topic}=events",
+        "hostname=127.0.0.1", f"port={server.http_port}", f"database={db}", "username=default", "password=",
+        "ssl=false", f"exactlyOnce={'true' if exactly_once else 'false'}", f"zkPath=/peer_{work.name}",
+        # ClickHouse 26 compresses HTTP answers in ZSTD by default (network_compression_method); the sink's default
+        # (V1) client reads only LZ4 and fails every request ("Magic is not correct"): uncompressed answers
+        "jdbcConnectionProperties=?compress=0", "errors.tolerance=none", ""]))
+    log = work / "connect.log"
+    (work / "log4j.properties").write_text("log4j.rootLogger=WARN, stdout\nlog4j.appender.stdout="
+                                          "org.apache.log4j.ConsoleAppender\nlog4j.appender.stdout.layout="
+                                          "org.apache.log4j.PatternLayout\n")
+    cp = f"{home / 'libs'}/*"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*_java(work), "-Xmx1g", f"-Dlog4j.configuration=file:{work / 'log4j.properties'}",
+                                 "-cp", cp, "org.apache.kafka.connect.cli.ConnectStandalone",
+                                 str(work / "worker.properties"), str(work / "sink.properties")],
+                                stdout=out, stderr=subprocess.STDOUT)
+    sampler, served = sample(proc), sample(server.proc)
+    try:
+        res = _until_landed(client, db, n, proc, log, sampler, served, fatal="Task is being killed")
+    finally:
+        sampler.done.set()
+        if served:
+            served.done.set()
+        _stop(proc)
+    return {**res, "peer": f"ClickHouse Kafka Connect sink {versions()['CLICKHOUSE_KAFKA_CONNECT_VERSION']} "
+                           f"on Kafka Connect {versions()['KAFKA_VERSION']}", "exactly_once": exactly_once}
+
+
+def run_sinker(work: Path, bootstrap: str, topic: str, n: int, server: ClickHouseServer,
+               sample: Any) -> dict[str, Any]:
+    """clickhouse_sinker over ClickHouse's native TCP protocol, the table's schema detected."""
+    binary = _sinker_bin()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    db = f"peer_{work.name}"
+    client = _table(server, db)
+    (work / "sinker.hjson").write_text(f"""{{
+  clickhouse: {{ hosts: [["127.0.0.1"]], port: {server.tcp_port}, db: "{db}", username: "default", password: "",
+                protocol: "native", maxOpenConns: {os.cpu_count() or 1}, retryTimes: 0 }}
+  kafka: {{ brokers: "{bootstrap}" }}
+  task: {{ name: "peer-{work.name}", topic: "{topic}", earliest: true, consumerGroup: "peer-{work.name}",
+          parser: "fastjson", tableName: "events", autoSchema: true,
+          excludeColumns: ["_offset", "_topic", "_partition"], bufferSize: 262144, flushInterval: 1 }}
+  logLevel: "warn"
+}}
+""")
+    log = work / "sinker.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(binary), "--local-cfg-file", str(work / "sinker.hjson"), "--log-paths", "stdout",
+                                 "--http-port", str(free_port())], cwd=work, stdout=out, stderr=subprocess.STDOUT)
+    sampler, served = sample(proc), sample(server.proc)
+    try:
+        res = _until_landed(client, db, n, proc, log, sampler, served)
+    finally:
+        sampler.done.set()
+        if served:
+            served.done.set()
+        _stop(proc)
+    return {**res, "peer": f"clickhouse_sinker {versions()['CLICKHOUSE_SINKER_VERSION']}", "exactly_once": False}
