@@ -8,22 +8,53 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Any
 
 import clickhouse_connect
+
+from sinkoperator.rebalance import plan, previous_config
+from sparkapp.config import parse_config
+from sparkapp.edges.store import state_store
 
 from .harness import EVENTS_TABLE, BackgroundProducer, SinkHarness
 
 HUNG_S = 30
 
 
-def test_three_shard_servers_one_killed_one_hung_every_offset_once(tmp_path, kafka, topic, clickhouse_shards):
-    src, dlq = topic(6), topic(1)
-    sink = SinkHarness(tmp_path, kafka, src, dlq, engine="KeeperMap", server=clickhouse_shards[0])
-    clients = [clickhouse_connect.get_client(dsn=s.dsn) for s in clickhouse_shards]
+def _sharded_sink(tmp_path: Any, kafka: Any, src: str, dlq: str, servers: list[Any]) -> tuple[SinkHarness, list[Any]]:
+    """A sink over the shard servers, the events table in a database of its own on each."""
+    sink = SinkHarness(tmp_path, kafka, src, dlq, engine="KeeperMap", server=servers[0])
+    clients = [clickhouse_connect.get_client(dsn=s.dsn) for s in servers]
     for c in clients:
         c.command(f"DROP DATABASE IF EXISTS {sink.db} SYNC")
         c.command(f"CREATE DATABASE {sink.db}")
         c.command(EVENTS_TABLE.format(db=sink.db))
+    return sink, clients
+
+
+def _once_on_their_shards(sink: SinkHarness, clients: list[Any], sent: int, bad: int,
+                          fixed: bool = True) -> dict[str, Any]:
+    """Verifier and SQL: every offset once; with `fixed` placement, partition p only on shard p % 3."""
+    report = sink.verify()
+    totals = report["totals"]
+    assert report["ok"], totals
+    assert (totals["duplicates"], totals["gaps"], totals["pending"]) == (0, 0, 0)
+    assert (totals["clickhouse"], totals["dead_lettered"]) == (sent - bad, bad)
+    landed = 0
+    for shard, c in enumerate(clients):
+        [[n, unique]] = c.query(f"SELECT count(), uniqExact(_partition, _offset) FROM {sink.db}.events").result_rows
+        assert n == unique, (shard, n, unique)
+        landed += n
+        if fixed:
+            parts = {int(p) for (p,) in c.query(f"SELECT DISTINCT _partition FROM {sink.db}.events").result_rows}
+            assert parts <= {shard, shard + 3}, (shard, parts)
+    assert landed == sent - bad
+    return dict(totals)
+
+
+def test_three_shard_servers_one_killed_one_hung_every_offset_once(tmp_path, kafka, topic, clickhouse_shards):
+    src, dlq = topic(6), topic(1)
+    sink, clients = _sharded_sink(tmp_path, kafka, src, dlq, clickhouse_shards)
     sink.config["clickhouse"].update(endpoints=[s.dsn for s in clickhouse_shards], requestTimeoutSeconds=3)
     sink.config["sharding"] = {"policy": "partition", "assignment": {f"{src}/{p}": p % 3 for p in range(6)}}
     sink.write_config()
@@ -55,16 +86,48 @@ def test_three_shard_servers_one_killed_one_hung_every_offset_once(tmp_path, kaf
     sink.kill()
     sink.drain()
 
-    report = sink.verify()
-    totals = report["totals"]
-    assert report["ok"], totals
-    assert (totals["duplicates"], totals["gaps"], totals["pending"]) == (0, 0, 0)
-    assert (totals["clickhouse"], totals["dead_lettered"]) == (producer.sent - producer.bad, producer.bad)
-    landed = 0
-    for shard, c in enumerate(clients):  # by SQL: no offset twice, each partition only on its shard
-        [[n, unique, parts]] = c.query(f"SELECT count(), uniqExact(_partition, _offset), groupUniqArray(_partition) "
-                                       f"FROM {sink.db}.events").result_rows
-        assert n == unique and set(parts) <= {shard, shard + 3}, (shard, n, unique, parts)
-        landed += n
-    assert landed == producer.sent - producer.bad
+    totals = _once_on_their_shards(sink, clients, producer.sent, producer.bad)
     print(f"three shard servers: totals {totals}, per shard {[count(i) for i in range(3)]}")
+
+
+def test_rebalance_across_shard_servers_while_producing(tmp_path, kafka, topic, clickhouse_shards):
+    """2 -> 3 shard servers, then 3 -> 2 (the middle one removed), each through the operator's planner, the job
+    drained by SIGTERM (it finishes its batch and stops) and restarted under the new layout."""
+    src, dlq = topic(6), topic(1)
+    sink, clients = _sharded_sink(tmp_path, kafka, src, dlq, clickhouse_shards)
+    dsns = [s.dsn for s in clickhouse_shards]
+    layouts: list[dict[str, Any]] = [{"version": 0, "endpoints": dsns[:2], "weights": [1, 1],
+                                      "shardDatabases": [sink.db] * 2, "assignment": {}}]
+    sink.config["clickhouse"]["endpoints"] = dsns[:2]
+    sink.config["sharding"] = {"policy": "partition"}
+    sink.write_config()
+    producer = BackgroundProducer(kafka, src, 30_000, per_second=1200, partitions=6)
+    producer.start()
+    for shards in ([0, 1, 2], [0, 2]):
+        sink.start("--quiet")
+        assert sink.wait_for_batches(4, timeout=240), sink.log_text()[-3000:]
+        assert sink.proc is not None
+        sink.proc.send_signal(signal.SIGTERM)  # the drain: the batch in flight finishes, then the job stops
+        assert sink.wait(120) == 0, sink.log_text()[-3000:]
+        cfg = parse_config(sink.config)
+        stored = {(r.pk.topic, r.pk.partition): (r.state.layout, r.shard)
+                  for r in state_store(cfg, clients[0]).list_sink(cfg.name)}
+        new = plan(layouts[-1], {"endpoints": [dsns[i] for i in shards], "shardDatabases": [sink.db] * len(shards),
+                                 "weights": [1] * len(shards)}, [(src, p) for p in range(6)], stored)
+        assert new["moves"], f"no moves planned for {shards}"
+        sink.config["clickhouse"]["endpoints"] = [dsns[i] for i in shards]
+        sink.config["sharding"] = {"policy": "partition", "layout": new["target"]["version"],
+                                   "assignment": new["target"]["assignment"], "previous": previous_config(layouts[-1])}
+        sink.write_config()
+        layouts.append(new["target"])
+    producer.finish()
+    sink.drain()
+    _once_on_their_shards(sink, clients, producer.sent, producer.bad, fixed=False)
+    cfg = parse_config(sink.config)
+    final = layouts[-1]["assignment"]
+    for r in state_store(cfg, clients[0]).list_sink(cfg.name):  # every partition ended under the last layout
+        assert (r.state.layout, r.shard) == (2, final[f"{src}/{r.pk.partition}"])
+    for p in range(6):  # the partition's newest records are on the server its final layout names
+        tops = [int(c.query(f"SELECT max(_offset) FROM {sink.db}.events WHERE _partition = {p}").result_rows[0][0])
+                for c in clients]
+        assert tops[[0, 2][final[f"{src}/{p}"]]] == max(tops), (p, tops)
