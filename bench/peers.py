@@ -78,6 +78,30 @@ def _until_landed(client: Any, db: str, n: int, proc: subprocess.Popen[bytes], l
             "peak_rss_mb": round(sampler.peak_total, 1)}
 
 
+def _fresh(work: Path, server: ClickHouseServer) -> tuple[str, Any]:
+    """An empty work dir, and the table in a database of its own: (database, client)."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    db = f"peer_{work.name}"
+    return db, _table(server, db)
+
+
+def _run(cmd: list[str], work: Path, server: ClickHouseServer, db: str, client: Any, n: int, sample: Any,
+         fatal: str | None = None) -> dict[str, Any]:
+    """Starts the peer in `work`, measures it until n rows landed, and stops it."""
+    log = work / "peer.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT)
+    sampler, served = sample(proc), sample(server.proc)
+    try:
+        return _until_landed(client, db, n, proc, log, sampler, served, fatal=fatal)
+    finally:
+        sampler.done.set()
+        if served:
+            served.done.set()
+        _stop(proc)
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -92,10 +116,7 @@ def run_connect(work: Path, bootstrap: str, topic: str, n: int, server: ClickHou
                 sample: Any) -> dict[str, Any]:
     """The ClickHouse Kafka Connect sink in a standalone Kafka Connect worker, one task per core."""
     home = _connect_home()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    db = f"peer_{work.name}"
-    client = _table(server, db)
+    db, client = _fresh(work, server)
     (work / "worker.properties").write_text("\n".join([
         f"bootstrap.servers={bootstrap}", "key.converter=org.apache.kafka.connect.storage.StringConverter",
         "value.converter=org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable=false",
@@ -111,24 +132,13 @@ def run_connect(work: Path, bootstrap: str, topic: str, n: int, server: ClickHou
         # ClickHouse 26 compresses HTTP answers in ZSTD by default (network_compression_method); the sink's default
         # (V1) client reads only LZ4 and fails every request ("Magic is not correct"): uncompressed answers
         "jdbcConnectionProperties=?compress=0", "errors.tolerance=none", ""]))
-    log = work / "connect.log"
     (work / "log4j.properties").write_text("log4j.rootLogger=WARN, stdout\nlog4j.appender.stdout="
                                           "org.apache.log4j.ConsoleAppender\nlog4j.appender.stdout.layout="
                                           "org.apache.log4j.PatternLayout\n")
-    cp = f"{home / 'libs'}/*"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*_java(work), "-Xmx1g", f"-Dlog4j.configuration=file:{work / 'log4j.properties'}",
-                                 "-cp", cp, "org.apache.kafka.connect.cli.ConnectStandalone",
-                                 str(work / "worker.properties"), str(work / "sink.properties")],
-                                stdout=out, stderr=subprocess.STDOUT)
-    sampler, served = sample(proc), sample(server.proc)
-    try:
-        res = _until_landed(client, db, n, proc, log, sampler, served, fatal="Task is being killed")
-    finally:
-        sampler.done.set()
-        if served:
-            served.done.set()
-        _stop(proc)
+    cmd = [*_java(work), "-Xmx1g", f"-Dlog4j.configuration=file:{work / 'log4j.properties'}",
+           "-cp", f"{home / 'libs'}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
+           str(work / "worker.properties"), str(work / "sink.properties")]
+    res = _run(cmd, work, server, db, client, n, sample, fatal="Task is being killed")
     return {**res, "peer": f"ClickHouse Kafka Connect sink {versions()['CLICKHOUSE_KAFKA_CONNECT_VERSION']} "
                            f"on Kafka Connect {versions()['KAFKA_VERSION']}", "exactly_once": exactly_once}
 
@@ -137,10 +147,7 @@ def run_sinker(work: Path, bootstrap: str, topic: str, n: int, server: ClickHous
                sample: Any) -> dict[str, Any]:
     """clickhouse_sinker over ClickHouse's native TCP protocol, the table's schema detected."""
     binary = _sinker_bin()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    db = f"peer_{work.name}"
-    client = _table(server, db)
+    db, client = _fresh(work, server)
     (work / "sinker.hjson").write_text(f"""{{
   clickhouse: {{ hosts: [["127.0.0.1"]], port: {server.tcp_port}, db: "{db}", username: "default", password: "",
                 protocol: "native", maxOpenConns: {os.cpu_count() or 1}, retryTimes: 0 }}
@@ -151,16 +158,6 @@ def run_sinker(work: Path, bootstrap: str, topic: str, n: int, server: ClickHous
   logLevel: "warn"
 }}
 """)
-    log = work / "sinker.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(binary), "--local-cfg-file", str(work / "sinker.hjson"), "--log-paths", "stdout",
-                                 "--http-port", str(free_port())], cwd=work, stdout=out, stderr=subprocess.STDOUT)
-    sampler, served = sample(proc), sample(server.proc)
-    try:
-        res = _until_landed(client, db, n, proc, log, sampler, served)
-    finally:
-        sampler.done.set()
-        if served:
-            served.done.set()
-        _stop(proc)
+    res = _run([str(binary), "--local-cfg-file", str(work / "sinker.hjson"), "--log-paths", "stdout",
+                "--http-port", str(free_port())], work, server, db, client, n, sample)
     return {**res, "peer": f"clickhouse_sinker {versions()['CLICKHOUSE_SINKER_VERSION']}", "exactly_once": False}

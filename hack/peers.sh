@@ -8,15 +8,9 @@
 # CHSINK_PEER_SRC_KAFKA_CONNECT / CHSINK_PEER_SRC_SINKER (a git work tree or an exported snapshot).
 # Usage: hack/peers.sh [kafka-connect] [sinker]   (default: both; a peer that cannot be had is reported, not fatal)
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=versions.env
-source "$here/versions.env"
-CACHE=${CHSINK_CACHE:-$HOME/.cache/chsink}
-mkdir -p "$CACHE"
-export GOFLAGS=-mod=mod GOTOOLCHAIN=local
-log() { printf '[peers] %s\n' "$*" >&2; }
-# shellcheck disable=SC1091
-source <(sed -n '/^maven_copy()/,/^}/p' "$here/provision.sh")
+LOG_TAG=peers
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
 connect_sink() {
   local ver=$CLICKHOUSE_KAFKA_CONNECT_VERSION dest="$CACHE/kafka-connect-$KAFKA_VERSION-ch-$CLICKHOUSE_KAFKA_CONNECT_VERSION"

@@ -5,14 +5,9 @@
 # Usage: hack/provision.sh [all|demo|apt|java|kafka|spark|k8s|etcd|helm|crds]...
 #   demo: only what `make demo` needs (a JRE, Kafka, Spark's Kafka connector); all: the whole test bed.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=versions.env
-source "$here/versions.env"
-CACHE=${CHSINK_CACHE:-$HOME/.cache/chsink}
-mkdir -p "$CACHE"
-export GOFLAGS=-mod=mod GOTOOLCHAIN=local
-
-log() { printf '[provision] %s\n' "$*" >&2; }
+LOG_TAG=provision
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
 # step NAME MARKER CMD...: runs CMD unless MARKER exists, and reports how long it took.
 step() {
@@ -42,27 +37,6 @@ apt_install() {
 }
 
 java_present() { command -v java >/dev/null 2>&1 && { log "java: $(command -v java) present"; return 0; }; return 1; }
-
-# maven_copy DEST GROUP:ARTIFACT:VERSION...: resolves artifacts and their runtime dependencies
-# from Maven Central into DEST with a throw-away pom.
-maven_copy() {
-  local dest=$1; shift
-  local work; work=$(mktemp -d)
-  {
-    echo '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
-    echo '<groupId>chsink</groupId><artifactId>testbed</artifactId><version>1</version><dependencies>'
-    for coord in "$@"; do
-      IFS=: read -r g a v <<<"$coord"
-      echo "<dependency><groupId>$g</groupId><artifactId>$a</artifactId><version>$v</version></dependency>"
-    done
-    echo '</dependencies></project>'
-  } >"$work/pom.xml"
-  mkdir -p "$dest.tmp"
-  mvn -q -B -s "$here/maven-settings.xml" -f "$work/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
-    -DoutputDirectory="$dest.tmp" >"$work/mvn.log" 2>&1 || { tail -30 "$work/mvn.log"; return 1; }
-  mv "$dest.tmp" "$dest"
-  rm -rf "$work"
-}
 
 kafka() {
   local dest="$CACHE/kafka-$KAFKA_VERSION-r2"
