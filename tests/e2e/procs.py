@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -54,6 +55,16 @@ def busiest(pids: list[int], window: float = 0.3) -> int | None:
     used = {p: cpu_ticks(p) - t for p, t in before.items() if t >= 0}
     best = max(used, key=lambda p: used[p], default=None)
     return best if best is not None and used[best] > 0 else None
+
+
+def in_frame(pids: list[int], frame: str) -> int | None:
+    """The first process whose Python stack (py-spy) is inside a function named `frame`."""
+    spy = str(Path(sys.executable).parent / "py-spy")
+    for pid in pids:
+        res = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True)
+        if f" {frame} (" in res.stdout:
+            return pid
+    return None
 
 
 def _sockets(pid: int, listening: bool = False) -> list[tuple[int, int]]:

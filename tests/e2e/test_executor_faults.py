@@ -1,7 +1,7 @@
 """Faults that only the executor path has, on real processes: production's path (a ClickHouse server over HTTP,
 each Kafka partition written by a task in a Spark Python worker), state in KeeperMap on ZooKeeper.
 
-- a zombie task: a worker is stopped mid-task and its socket to the JVM reset, so Spark retries the task (same
+- a zombie task: a worker is stopped inside an insert and its socket to the JVM reset, so Spark retries the task (same
   run, same epoch) while the first attempt is still alive; the stopped worker is then let go on;
 - an executor killed mid-insert: a busy worker SIGKILLed, its task retried;
 - an insert that committed whose AFTER could not be written: ZooKeeper paused while inserts go on, then the
@@ -20,7 +20,7 @@ import signal
 import time
 
 from .harness import BackgroundProducer, SinkHarness
-from .procs import busiest, cut_from_jvm, python_workers
+from .procs import busiest, cut_from_jvm, in_frame, python_workers
 from .test_faults import check_exactly_once
 
 
@@ -28,13 +28,13 @@ def _count(sink: SinkHarness) -> int:
     return int(sink.sql(f"SELECT count() FROM {sink.db}.events")[0][0][0])
 
 
-def _busy_worker(sink: SinkHarness, timeout: float = 60) -> tuple[int, int]:
-    """(daemon, worker) of a Python worker inside a task."""
+def _busy_worker(sink: SinkHarness, frame: str | None = None, timeout: float = 60) -> tuple[int, int]:
+    """(daemon, worker) of a Python worker inside a task (inside `frame`, when given)."""
     assert sink.proc is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         workers = python_workers(sink.proc.pid)
-        worker = busiest(list(workers), 0.15)
+        worker = busiest(list(workers), 0.15) if frame is None else in_frame(list(workers), frame)
         if worker is not None:
             return workers[worker], worker
     raise AssertionError(f"no busy Python worker in {timeout}s:\n{sink.log_text()[-2000:]}")
@@ -52,9 +52,11 @@ def _running(sink: SinkHarness, batches: int) -> None:
 
 
 def zombie_task(sink: SinkHarness, **_: object) -> str:
-    daemon, worker = _busy_worker(sink)
-    lost = sink.log_text().count("Lost task")
+    """Stopped inside a range's window loop (after its BEFORE, blocks still to send): when let go on, it sends
+    them after its retry sent them all, under the same tokens."""
+    daemon, worker = _busy_worker(sink, frame="_send")
     os.kill(worker, signal.SIGSTOP)
+    lost = sink.log_text().count("Lost task")
     try:
         cut_from_jvm(daemon, worker)
         _running(sink, 2)  # the retried attempt finished the batch, and the next one ran
@@ -115,7 +117,8 @@ def zombie_run(sink: SinkHarness, **_: object) -> str:
 
 def test_executor_path_faults(tmp_path, kafka, topic, zookeeper, clickhouse_server):
     src, dlq = topic(4), topic(1)
-    sink = SinkHarness(tmp_path, kafka, src, dlq, engine="KeeperMap", server=clickhouse_server, blockOffsets=500)
+    # small windows: a range is many blocks, so a worker stopped inside one has blocks left to send late
+    sink = SinkHarness(tmp_path, kafka, src, dlq, engine="KeeperMap", server=clickhouse_server, blockOffsets=100)
     sink.extra_env["CHSINK_SPARK_MASTER"] = "local[2,4]"  # tasks are retried, as on a cluster
     producer = BackgroundProducer(kafka, src, total=10**9, per_second=600)
     producer.start()
