@@ -7,7 +7,8 @@ import sys
 
 import kopf.cli
 
-LOG_FLAGS = {"debug": ["--debug"], "info": ["--verbose"], "warning": [], "error": ["--quiet"]}
+# kopf's levels: no flag is INFO, --verbose and --debug are DEBUG (with full object bodies), --quiet is WARNING
+LOG_FLAGS = {"debug": ["--debug"], "info": [], "warning": ["--quiet"], "error": ["--quiet"]}
 
 
 def main(argv: list[str] | None = None) -> int:

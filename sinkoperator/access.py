@@ -10,14 +10,15 @@ from sparkapp.edges.clickhouse import clickhouse_client
 from sparkapp.edges.store import StateStore, state_store
 
 from .kube import secret_values
-from .render import secret_env_vars, sink_config
+from .model import SinkSpec
+from .render import secret_refs, sink_config
 
 
-def operator_config(namespace: str, name: str, spec: dict[str, Any],
+def operator_config(namespace: str, name: str, spec: SinkSpec,
                     status: Mapping[str, Any] | None = None) -> SinkConfig:
     """The sink's config with its Secrets bound in memory, for the operator's own state-store and Kafka calls."""
     cfg = sink_config(namespace, name, spec, status)
-    values = secret_values(namespace, secret_env_vars(spec))
+    values = secret_values(namespace, secret_refs(spec))
     for ref in (cfg.clickhouse.password, *cfg.kafka.secret_options.values()):
         if ref is not None and ref.env in values:
             ref.bind(values[ref.env])

@@ -8,11 +8,12 @@ from typing import Any
 
 import kopf
 
-from sparkapp.config import SinkConfig
+from sparkapp.config import CHECKPOINT_ENTRIES, CHECKPOINT_MARKER, SinkConfig
 
-from . import kube, status
+from . import kube
 from .access import open_store, operator_config
-from .spec import FORCE_DELETE_ANNOTATION, ConditionType, object_name
+from .model import SinkSpec
+from .spec import FORCE_DELETE_ANNOTATION, object_name
 
 
 def clean_removed_topics(body: Any, cfg: SinkConfig, topics: list[str]) -> int:
@@ -30,35 +31,42 @@ def clean_removed_topics(body: Any, cfg: SinkConfig, topics: list[str]) -> int:
     return n
 
 
-def delete_checkpoint(location: str) -> bool:
-    """Deletes a checkpoint the operator can reach (a local or mounted path); object stores are left alone."""
-    path = location.removeprefix("file://")
-    if not path.startswith("/") or not Path(path).exists():
-        return False
-    shutil.rmtree(path)
-    return True
+def delete_checkpoint(location: str, sink: str) -> str:
+    """Deletes what chsink wrote under a checkpoint the operator can reach (a local or mounted path), and only
+    when its marker names this sink: never a directory chsink did not claim, nor anything else in it. Returns
+    what happened, for the Event."""
+    path = Path(location.removeprefix("file://"))
+    if not location.removeprefix("file://").startswith("/"):
+        return f"checkpoint {location} kept: the operator deletes local or mounted paths only"
+    marker = path / CHECKPOINT_MARKER
+    if not marker.is_file():
+        return f"checkpoint {location} kept: it has no {CHECKPOINT_MARKER} file, so chsink did not create it"
+    owner = marker.read_text().strip()
+    if owner != sink:
+        return f"checkpoint {location} kept: its {CHECKPOINT_MARKER} names sink {owner!r}, not {sink!r}"
+    for entry in path.iterdir():
+        name = entry.name.lstrip(".")
+        if entry.name.startswith("run-") or name in CHECKPOINT_ENTRIES:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    marker.unlink()
+    left = sorted(e.name for e in path.iterdir())
+    if left:
+        return f"deleted chsink's checkpoint files under {location}; kept what else is there: {left[:10]}"
+    path.rmdir()
+    return f"deleted checkpoint {location}"
 
 
-def cleanup(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: dict[str, Any]) -> None:
-    """The finalizer: with deletionPolicy Delete, stop the job, then delete its state."""
+def cleanup(body: Any, namespace: str, name: str, spec: SinkSpec, meta: dict[str, Any]) -> None:
+    """The finalizer: with deletionPolicy Delete, stop the job, then delete its state. Raises on failure (the
+    caller records it and retries)."""
     if (meta.get("annotations") or {}).get(FORCE_DELETE_ANNOTATION) == "true":
         kopf.warn(body, reason="ForcedDelete", message="cleanup skipped by the force-delete annotation")
         return
-    if spec.get("deletionPolicy", "Retain") != "Delete":
+    if spec.deletion_policy != "Delete":
         kopf.info(body, reason="Retained", message="deletionPolicy Retain: per-partition state kept")
         return
-    try:
-        kube.delete_app(namespace, object_name(name), wait_s=60)
-        cfg = operator_config(namespace, name, spec)
-        n = open_store(cfg).delete(cfg.name)
-        if delete_checkpoint(cfg.checkpoint_location):
-            kopf.info(body, reason="CheckpointDeleted", message=f"deleted checkpoint {cfg.checkpoint_location}")
-    except kopf.TemporaryError:
-        raise
-    except Exception as e:
-        msg = f"cleanup failed: {e}; it will be retried. Annotate {FORCE_DELETE_ANNOTATION}=true to release"
-        status.patch(namespace, name, {"conditions": [status.condition(ConditionType.DEGRADED, True, "CleanupFailed",
-                                                                       msg, int(meta.get("generation", 0)))]})
-        kopf.warn(body, reason="CleanupFailed", message=msg)
-        raise kopf.TemporaryError(msg, delay=15) from e
+    kube.delete_app(namespace, object_name(name), wait_s=60)
+    cfg = operator_config(namespace, name, spec)
+    n = open_store(cfg).delete(cfg.name)
+    kopf.info(body, reason="CheckpointCleanup", message=delete_checkpoint(cfg.checkpoint_location, cfg.name))
     kopf.info(body, reason="Cleaned", message=f"deleted {n} partition state row(s) of sink {cfg.name}")

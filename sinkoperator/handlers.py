@@ -1,4 +1,8 @@
-"""Kopf handlers for ClickHouseSink: thin wrappers over reconcile, cleanup and status."""
+"""Kopf handlers for ClickHouseSink: thin wrappers over reconcile and cleanup.
+
+A change and every status tick run the same reconcile (reconcile.py). A wrong spec is a permanent failure for
+kopf (only a change helps, and a change is handled at once); anything else is retried after a short delay.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,17 @@ from typing import Any
 
 import kopf
 
-from . import cleanup, metrics
+from sparkapp.config import ConfigError
+
+from . import cleanup, kube, metrics, problems
 from . import reconcile as reconciler
-from .spec import GROUP, PLURAL, VERSION, DesiredState, RebalancePhase
-from .status import sink_status
+from . import status as recorder
+from .lifecycle import Observed, Problem
+from .model import SinkSpec, SinkStatus
+from .spec import FORCE_DELETE_ANNOTATION, GROUP, PLURAL, VERSION, Reason
 
 STATUS_INTERVAL = float(os.environ.get("CHSINK_STATUS_INTERVAL", "30"))
+RETRY_DELAY = float(os.environ.get("CHSINK_RETRY_DELAY", "10"))
 
 
 @kopf.on.login()
@@ -40,30 +49,38 @@ def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def reconcile(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, status: Any, **_: Any) -> dict[str, str]:
-    try:
-        changed = reconciler.reconcile(body, namespace, name, dict(spec), dict(meta), dict(status))
-    except kopf.PermanentError:
-        raise  # counted where it is decided (an invalid spec)
-    except Exception as e:
-        metrics.RECONCILE_ERRORS.labels(type(e).__name__).inc()
-        raise
-    return {"sparkApplication": changed}
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL)
-def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, **_: Any) -> None:
-    cleanup.cleanup(body, namespace, name, dict(spec), dict(meta))
-    metrics.sink_state(namespace, name, None)
+def reconcile(*, namespace: Any, name: Any, **_: Any) -> dict[str, str]:
+    out = reconciler.reconcile(namespace, name)
+    if out is not None and out.problem is not None:
+        if out.problem.permanent:
+            raise kopf.PermanentError(out.problem.message)
+        raise kopf.TemporaryError(out.problem.message, delay=RETRY_DELAY)
+    return {"sparkApplication": out.changed if out else "gone"}
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=STATUS_INTERVAL, initial_delay=min(5.0, STATUS_INTERVAL),
             idle=None, sharp=True)
-def refresh_sink_status(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, status: Any,
-                        **_: Any) -> None:
-    if (spec or {}).get("state", DesiredState.RUNNING) == DesiredState.STOPPED:
+def refresh(*, namespace: Any, name: Any, meta: Any, **_: Any) -> None:
+    """The job's state, lag and stalls, and a retry of whatever failed; its findings are in the status."""
+    if meta.get("deletionTimestamp"):
         return
-    current = dict(status or {})
-    if (current.get("rebalance") or {}).get("phase") in (RebalancePhase.SETTLING, RebalancePhase.DRAINING):
-        reconciler.reconcile(body, namespace, name, dict(spec), dict(meta), current)
-    sink_status(body, namespace, name, dict(spec))
+    reconciler.reconcile(namespace, name)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, status: Any, **_: Any) -> None:
+    try:
+        sink = SinkSpec.parse(spec, name)
+    except ConfigError as e:
+        kopf.warn(body, reason="CleanupSkipped", message=f"the spec is invalid, so its state cannot be found: {e}")
+        return
+    try:
+        cleanup.cleanup(body, namespace, name, sink, dict(meta))
+    except Exception as e:
+        msg = f"{problems.classify(e).message}; retried. Annotate {FORCE_DELETE_ANNOTATION}=true to release it"
+        old = SinkStatus.of((kube.get_sink(namespace, name) or {}).get("status"))  # as written by the last try
+        recorder.record(body, old, old, Observed(sink.state, None, problem=Problem(Reason.CLEANUP_FAILED, msg),
+                                                 deleting=True), int(meta.get("generation", 0)))
+        raise kopf.TemporaryError(msg, delay=RETRY_DELAY) from e
+    metrics.sink_state(namespace, name, None)
+    reconciler.forget(namespace, name)

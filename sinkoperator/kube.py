@@ -11,7 +11,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .spec import HASH_ANNOTATION, SPARK
+from .spec import GROUP, HASH_ANNOTATION, PLURAL, SPARK, VERSION
 
 
 def get_app(namespace: str, name: str) -> dict[str, Any] | None:
@@ -22,6 +22,28 @@ def get_app(namespace: str, name: str) -> dict[str, Any] | None:
         if e.status == 404:
             return None
         raise
+
+
+def get_sink(namespace: str, name: str) -> dict[str, Any] | None:
+    """The ClickHouseSink as it is now (None when gone)."""
+    try:
+        obj = client.CustomObjectsApi().get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return obj if isinstance(obj, dict) else None
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def annotate_sink(namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+    """Sets (None: removes) annotations of the ClickHouseSink."""
+    client.CustomObjectsApi().patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                             {"metadata": {"annotations": annotations}})
+
+
+def app_message(app: dict[str, Any] | None) -> str:
+    """The spark-operator's errorMessage for the application ("" when none)."""
+    return str(((app or {}).get("status") or {}).get("applicationState", {}).get("errorMessage", ""))[:1000]
 
 
 def app_state(app: dict[str, Any] | None) -> str:
@@ -78,23 +100,29 @@ def delete_app(namespace: str, name: str, wait_s: float = 0) -> bool:
     return True
 
 
-def secret_values(namespace: str, refs: list[dict[str, Any]]) -> dict[str, str]:
-    """Env name -> value for secretKeyRef env vars, read with `get` on exactly the Secrets they name."""
+class SecretUnavailableError(Exception):
+    """A Secret the sink names cannot be read, or lacks the key: fixed outside the spec, so retried."""
+
+
+def secret_values(namespace: str, refs: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
+    """Env name -> value for (spec field, secretKeyRef env var) pairs, read with `get` on exactly the Secrets
+    they name; errors name the field, the Secret and the key."""
     core = client.CoreV1Api()
     secrets: dict[str, dict[str, Any]] = {}
     out: dict[str, str] = {}
-    for var in refs:
+    for field, var in refs:
         ref = var["valueFrom"]["secretKeyRef"]
         if ref["name"] not in secrets:
             try:
                 secrets[ref["name"]] = core.read_namespaced_secret(ref["name"], namespace).data or {}
             except ApiException as e:
-                raise kopf.TemporaryError(f"cannot read Secret {namespace}/{ref['name']} named by the sink: "
-                                          f"{e.status} {e.reason}", delay=30) from None
+                why = {404: "it does not exist", 403: "the operator may not read it (RBAC)"}.get(
+                    e.status, f"{e.status} {e.reason}")
+                raise SecretUnavailableError(f"{field}: cannot read Secret {namespace}/{ref['name']}: {why}") \
+                    from None
         data = secrets[ref["name"]]
         if ref["key"] not in data:
-            raise kopf.TemporaryError(f"Secret {namespace}/{ref['name']} has no key {ref['key']!r} "
-                                      f"(needed for {var['name']})", delay=30)
+            raise SecretUnavailableError(f"{field}: Secret {namespace}/{ref['name']} has no key {ref['key']!r}")
         out[var["name"]] = base64.b64decode(data[ref["key"]]).decode()
     return out
 

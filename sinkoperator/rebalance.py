@@ -15,21 +15,22 @@ from typing import Any
 
 from sparkapp.core.routing import DEFAULT_STRIPE, HashName, Layout, Policy, parse_assignment, rebalance
 
+from .model import SinkSpec
+
 Partition = tuple[str, int]
 # what decides a row's shard besides the shards themselves, and the defaults of each
 _ROUTING_DEFAULTS = {"policy": Policy.PARTITION.value, "key": None, "hash": HashName.XXHASH64.value,
                      "stripe": DEFAULT_STRIPE}
 
 
-def spec_layout(spec: Mapping[str, Any]) -> dict[str, Any]:
+def spec_layout(spec: SinkSpec) -> dict[str, Any]:
     """The shards and routing the spec asks for, in status.layout's shape (without version or assignment)."""
-    shards = spec["clickhouse"]["shards"]
-    default_db = spec["clickhouse"].get("database", "default")
-    sharding = spec.get("sharding") or {}
-    weights = sharding.get("weights") or [1] * len(shards)
-    return {"endpoints": [s["endpoint"] for s in shards],
-            "shardDatabases": [s.get("database", default_db) for s in shards], "weights": list(weights),
-            **{k: sharding.get(k, d) for k, d in _ROUTING_DEFAULTS.items()}}
+    shards, sharding = spec.clickhouse.shards, spec.sharding
+    chosen = sharding.model_dump(exclude_unset=True)
+    return {"endpoints": [s.endpoint for s in shards],
+            "shardDatabases": [s.database or spec.clickhouse.database for s in shards],
+            "weights": list(sharding.weights or [1] * len(shards)),
+            **{k: chosen.get(k, d) if chosen.get(k) is not None else d for k, d in _ROUTING_DEFAULTS.items()}}
 
 
 def routing(layout: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def same_shards(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         and routing(a) == routing(b)
 
 
-def initial_layout(spec: Mapping[str, Any]) -> dict[str, Any]:
+def initial_layout(spec: SinkSpec) -> dict[str, Any]:
     """Layout 0: what the spec asks for when the sink is created (nothing ran yet, nothing to move)."""
     return {"version": 0, **spec_layout(spec), "assignment": {}}
 

@@ -1,11 +1,17 @@
-"""Reconcile: bring the SparkApplication and ConfigMap in line with a ClickHouseSink, and run rebalances.
+"""One reconcile of a ClickHouseSink, run on every change and on every status tick:
 
-observe (the applied layout, the application) -> validate (the spec renders a valid config) ->
-reconcile (apply, plan or apply a rebalance) -> record (status.py).
+observe (the object as it is now) -> validate (the spec renders a valid config) -> reconcile (the layout, the
+ConfigMap and SparkApplication, removed topics) -> observe the job and the store -> record (status.py).
+
+Every failure becomes a Problem in the status: a wrong spec is permanent (only a change helps); anything
+outside the spec is retried, by kopf after a short delay and by the next tick.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -17,122 +23,185 @@ from sparkapp.edges.kafka import topic_partitions
 from . import kube, metrics, status
 from .access import open_store, operator_config
 from .cleanup import clean_removed_topics
+from .lifecycle import Observed, Problem, sink_state
+from .model import Rebalance, SinkSpec, SinkStatus
+from .problems import classify, invalid_spec
 from .rebalance import initial_layout, plan, same_shards, spec_layout
 from .render import Defaults, render, sink_config
 from .spec import (
     APPROVAL_ANNOTATION,
     APPROVE_ANNOTATION,
+    APPROVE_WORD,
     HASH_ANNOTATION,
     NONCE_ANNOTATION,
     STOPPED_APP_STATES,
-    ConditionType,
+    AppState,
     DesiredState,
     RebalancePhase,
-    SinkState,
     object_name,
 )
 
+_LOCKS: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 
-def reconcile(body: Any, namespace: str, name: str, spec: dict[str, Any], meta: dict[str, Any],
-              current: dict[str, Any]) -> str:
-    """Brings the SparkApplication and ConfigMap in line with the sink; returns what changed."""
-    generation = int(meta.get("generation", 0))
-    nonce = (meta.get("annotations") or {}).get(NONCE_ANNOTATION, "")
-    state = DesiredState(spec.get("state", DesiredState.RUNNING))
+
+@dataclass(frozen=True)
+class Outcome:
+    changed: str  # what happened to the SparkApplication
+    problem: Problem | None
+
+
+def reconcile(namespace: str, name: str) -> Outcome | None:
+    """Reconciles the sink as it is now (read afresh, so a change handler and a tick never act on an older
+    spec than each other); None when it is gone or being deleted."""
+    with _LOCKS[(namespace, name)]:
+        body = kube.get_sink(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None  # gone, or the finalizer's to report on
+        return _reconcile(body)
+
+
+def forget(namespace: str, name: str) -> None:
+    _LOCKS.pop((namespace, name), None)
+
+
+def _reconcile(body: Any) -> Outcome:
+    meta = body["metadata"]
+    namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation", 0))
+    old = SinkStatus.of(body.get("status"))
+    new = old.model_copy()
+    changed, problem, stall, spec = "", None, None, None
+    app_state: AppState | None = None
+    app_msg = ""
+    desired = DesiredState(str((body.get("spec") or {}).get("state", DesiredState.RUNNING)))
     try:
+        spec = SinkSpec.parse(body.get("spec"), name)
+        desired = spec.state
         sink_config(namespace, name, spec)  # the spec's own shards, as a next layout would run them
-        sink_config(namespace, name, spec, current)  # and as the job runs now
-        shards = layout_status(namespace, name, spec, meta, current)
-        draining = (shards.get("rebalance") or {}).get("phase") == RebalancePhase.DRAINING
-        cm, app = render(namespace, name, spec, nonce, Defaults.from_env(), shards, suspend=draining)
+        sink_config(namespace, name, spec, old.dump())  # and as the job runs now
     except ConfigError as e:
-        msg = str(e)
-        metrics.RECONCILE_ERRORS.labels("InvalidSpec").inc()
-        metrics.sink_state(namespace, name, SinkState.INVALID)
-        status.patch(namespace, name, {"state": SinkState.INVALID, "conditions": status.merge_conditions(
-            current.get("conditions"), [status.condition(ConditionType.READY, False, "InvalidSpec", msg, generation),
-                                        status.condition(ConditionType.DEGRADED, True, "InvalidSpec", msg,
-                                                         generation)])})
-        kopf.warn(body, reason="InvalidSpec", message=msg)
-        raise kopf.PermanentError(msg) from None
+        problem = invalid_spec(e)
+        metrics.RECONCILE_ERRORS.labels(problem.reason).inc()
+    if spec is not None and problem is None:
+        try:
+            new, changed = _apply(body, spec, old)
+        except Exception as e:  # anything outside the spec: retried
+            problem = classify(e)
+            metrics.RECONCILE_ERRORS.labels(problem.reason).inc()
+        try:
+            app = kube.get_app(namespace, object_name(name))
+            app_state = AppState.parse(kube.app_state(app)) if app is not None else None
+            app_msg = kube.app_message(app)
+            new = new.model_copy(update={"spark_application": new.spark_application.model_copy(
+                update={"name": object_name(name), "state": app_state or "", "message": app_msg})})
+            cfg = operator_config(namespace, name, spec, new.dump())
+            progress = status.refresh(body, cfg, open_store(cfg), new, sink_state(Observed(desired, app_state)))
+            new, stall = new.model_copy(update={"lag": progress.lag}), progress.stall
+        except Exception as e:
+            problem = problem or classify(e)
+    observed = Observed(desired, app_state, app_msg, new.rebalance.phase if new.rebalance else None,
+                        problem or stall, rollout=changed if changed in ("created", "patched", "deleted") else "")
+    status.record(body, old, new, observed, generation)
+    metrics.RECONCILES.labels(changed or "failed").inc()
+    return Outcome(changed, problem)
+
+
+def _apply(body: Any, spec: SinkSpec, old: SinkStatus) -> tuple[SinkStatus, str]:
+    """Brings the layout, ConfigMap and SparkApplication in line with the spec; returns the new status fields and
+    what happened to the SparkApplication."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    nonce = (meta.get("annotations") or {}).get(NONCE_ANNOTATION, "")
+    shards = layout_status(body, spec, old)
+    draining = shards.rebalance is not None and shards.rebalance.phase is RebalancePhase.DRAINING
+    cm, app = render(namespace, name, spec, nonce, Defaults.from_env(), shards.dump(), suspend=draining)
     obj = object_name(name)
-    if state is DesiredState.STOPPED:
+    if spec.state is DesiredState.STOPPED:
         changed = "deleted" if kube.delete_app(namespace, obj) else "unchanged"
-        phase, ready_reason = SinkState.STOPPED, "Stopped"
     else:
         kopf.adopt([cm, app], owner=body)
         kube.apply_configmap(cm)
         changed = kube.apply_app(app)
-        phase, ready_reason = (SinkState.PAUSED, "Paused") if state is DesiredState.PAUSED else \
-            (SinkState.RUNNING, "Submitted")
-    cfg = sink_config(namespace, name, spec, shards)
-    removed = sorted(set(filter(None, str(current.get("topics") or "").split(","))) - set(cfg.kafka.topics)) \
-        if cfg.kafka.topics and current.get("topics") else []
+    cfg = sink_config(namespace, name, spec, shards.dump())
+    removed = sorted(set(filter(None, old.topics.split(","))) - set(cfg.kafka.topics)) \
+        if cfg.kafka.topics and old.topics else []
     if removed:
-        clean_removed_topics(body, operator_config(namespace, name, spec, shards), removed)
-    app_state = kube.app_state(kube.get_app(namespace, obj))
-    status.patch(namespace, name, {
-        "state": phase, "topics": ",".join(cfg.kafka.topics) or cfg.kafka.topic_pattern,
-        "shards": len(cfg.clickhouse.endpoints), "observedGeneration": generation, **shards,
-        "sparkApplication": {"name": obj, "state": app_state, "specHash": app["metadata"]["annotations"][
-            HASH_ANNOTATION] if state is not DesiredState.STOPPED else ""},
-        "conditions": status.merge_conditions(current.get("conditions"), [
-            status.condition(ConditionType.READY, state is DesiredState.RUNNING, ready_reason,
-                             f"sink is {phase.lower()}", generation),
-            status.condition(ConditionType.PROGRESSING, changed in ("created", "patched", "deleted"),
-                             changed.capitalize(), f"SparkApplication {obj} {changed}", generation),
-            status.condition(ConditionType.DEGRADED, False, "AsExpected", "", generation)]),
-    })
-    metrics.RECONCILES.labels(changed).inc()
-    metrics.sink_state(namespace, name, phase)
-    if changed != "unchanged" or current.get("state") != phase:
-        kopf.info(body, reason=phase, message=f"SparkApplication {obj} {changed}; sink {phase.lower()}")
-    rb, old_rb = shards.get("rebalance") or {}, current.get("rebalance") or {}
-    if rb and (rb.get("phase"), rb.get("toLayout")) != (old_rb.get("phase"), old_rb.get("toLayout")):
-        kopf.info(body, reason=f"Rebalance{rb['phase']}", message=rb.get("message", ""))
-    return changed
+        clean_removed_topics(body, operator_config(namespace, name, spec, shards.dump()), removed)
+    layout = shards.layout or {}
+    rb = shards.rebalance
+    count = str(len(layout.get("endpoints") or []))
+    if rb is not None and rb.pending:
+        count += f"->{len(rb.target['endpoints'])}"
+    new = shards.model_copy(update={
+        "topics": ",".join(cfg.kafka.topics) or cfg.kafka.topic_pattern or "", "shards": count,
+        "spark_application": shards.spark_application.model_copy(update={
+            "name": obj, "spec_hash": app["metadata"]["annotations"][HASH_ANNOTATION]
+            if spec.state is not DesiredState.STOPPED else ""})})
+    if changed in ("created", "patched", "deleted"):
+        kopf.info(body, reason=f"SparkApplication{changed.capitalize()}", message=f"SparkApplication {obj} {changed}")
+    old_rb = old.rebalance
+    if rb and (rb.phase, rb.to_layout) != ((old_rb.phase, old_rb.to_layout) if old_rb else (None, None)):
+        kopf.info(body, reason=f"Rebalance{rb.phase}", message=rb.message)
+    return new, changed
 
 
-def layout_status(namespace: str, name: str, spec: dict[str, Any], meta: dict[str, Any],
-                  current: dict[str, Any]) -> dict[str, Any]:
+def layout_status(body: Any, spec: SinkSpec, current: SinkStatus) -> SinkStatus:
     """status.layout, previousLayout and rebalance after this reconcile: plans a rebalance when the spec's
     shards differ from the applied layout, and applies it once the suspended job has stopped (a range it left
     BEFORE is re-sent under the layout it was sent under, kept as the previous one)."""
-    out = {k: current[k] for k in ("layout", "previousLayout", "rebalance") if current.get(k)}
-    if "layout" not in out:
-        out["layout"] = initial_layout(spec)
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    out = current.model_copy()
+    if out.layout is None:
+        return out.model_copy(update={"layout": initial_layout(spec)})
+    want, rb = spec_layout(spec), current.rebalance
+    pending = rb is not None and rb.pending
+    if same_shards(out.layout, want):
+        if rb is not None and pending:
+            out.rebalance = rb.model_copy(update={"phase": RebalancePhase.CANCELLED,
+                                                  "message": "the spec's shards match the applied layout"})
+        _approval_used(body, None)
         return out
-    want, rb = spec_layout(spec), dict(out.get("rebalance") or {})
-    pending = rb.get("phase") in (RebalancePhase.AWAITING_APPROVAL, RebalancePhase.SETTLING, RebalancePhase.DRAINING)
-    if same_shards(out["layout"], want):
-        if pending:
-            out["rebalance"] = {**rb, "phase": RebalancePhase.CANCELLED,
-                                "message": "the spec's shards match the applied layout"}
-        return out
-    cfg = operator_config(namespace, name, spec, out)
-    if not (pending and same_shards(rb["target"], want)):  # a new plan (or the spec changed again)
+    cfg = operator_config(namespace, name, spec, out.dump())
+    if not (rb is not None and pending and same_shards(rb.target, want)):  # a new plan (or the spec changed again)
         rows = open_store(cfg).list_sink(cfg.name)
         parts = [(t, p) for t, n in topic_partitions(cfg.kafka).items() for p in range(n)]
         stored = {(r.pk.topic, r.pk.partition): (r.state.layout, r.shard) for r in rows}
-        new = plan(out["layout"], want, parts, stored)
-        rb = {"fromLayout": out["layout"]["version"], "toLayout": new["target"]["version"], "target": new["target"],
-              "plan": new["moves"], "affected": new["affected"], "proposedAt": status.now()}
+        new = plan(out.layout, want, parts, stored)
+        rb = Rebalance.model_validate({
+            "phase": RebalancePhase.AWAITING_APPROVAL, "fromLayout": out.layout["version"],
+            "toLayout": new["target"]["version"], "target": new["target"], "plan": new["moves"],
+            "affected": new["affected"], "proposedAt": status.now()})
     annotations = meta.get("annotations") or {}
-    approved = annotations.get(APPROVAL_ANNOTATION) != "required" or \
-        annotations.get(APPROVE_ANNOTATION) == str(rb["toLayout"])
-    moves = f"{len(rb['plan'])} partition move(s) from layout v{rb['fromLayout']} to v{rb['toLayout']}"
+    if annotations.get(APPROVE_ANNOTATION) == APPROVE_WORD and rb.approved_at is None:
+        rb.approved_at = status.now()  # approves the plan shown now; a later plan needs a new approval
+        _approval_used(body, rb.to_layout)
+    approved = annotations.get(APPROVAL_ANNOTATION) != "required" or rb.approved_at is not None or \
+        annotations.get(APPROVE_ANNOTATION) == str(rb.to_layout)
+    moves = f"{len(rb.plan)} partition move(s) from layout v{rb.from_layout} to v{rb.to_layout}"
     if not approved:
-        rb.update(phase=RebalancePhase.AWAITING_APPROVAL,
-                  message=f"{moves}; annotate {APPROVE_ANNOTATION}={rb['toLayout']} to apply")
-    elif unsettled := _unsettled(cfg, out["layout"]["version"]):
-        rb.update(phase=RebalancePhase.SETTLING, message=f"{moves}; waiting, the job running, for {unsettled}")
+        rb.phase, rb.message = RebalancePhase.AWAITING_APPROVAL, \
+            f"{moves}; annotate {APPROVE_ANNOTATION}={APPROVE_WORD} to apply"
+    elif unsettled := _unsettled(cfg, out.layout["version"]):
+        rb.phase, rb.message = RebalancePhase.SETTLING, f"{moves}; waiting, the job running, for {unsettled}"
     elif stopping := _running(namespace, name):
-        rb.update(phase=RebalancePhase.DRAINING, message=f"{moves}; job suspended, waiting for {stopping}")
+        rb.phase, rb.message = RebalancePhase.DRAINING, f"{moves}; job suspended, waiting for {stopping}"
     else:
-        out["previousLayout"], out["layout"] = out["layout"], rb["target"]
-        rb.update(phase=RebalancePhase.APPLIED, appliedAt=status.now(), message=f"{moves} applied; job resumed")
-    out["rebalance"] = rb
+        out.previous_layout, out.layout = out.layout, rb.target
+        rb.phase, rb.applied_at, rb.message = RebalancePhase.APPLIED, status.now(), f"{moves} applied; job resumed"
+    out.rebalance = rb
     return out
+
+
+def _approval_used(body: Any, to_layout: int | None) -> None:
+    """Removes an `approve` annotation once it approved a plan (or when there was none to approve), so it can
+    never approve a plan proposed later."""
+    meta = body["metadata"]
+    if (meta.get("annotations") or {}).get(APPROVE_ANNOTATION) != APPROVE_WORD:
+        return
+    kube.annotate_sink(meta["namespace"], meta["name"], {APPROVE_ANNOTATION: None})
+    kopf.info(body, reason="RebalanceApproved" if to_layout is not None else "NothingToApprove",
+              message=f"the plan to layout v{to_layout} is approved" if to_layout is not None else
+              "no rebalance awaits approval; the annotation is removed")
 
 
 def _unsettled(cfg: SinkConfig, current: int) -> str:

@@ -21,6 +21,7 @@ import yaml
 
 from sparkapp.config import SinkConfig, parse_config
 
+from .model import SinkSpec
 from .rebalance import initial_layout, previous_config, routing
 from .spec import GROUP, HASH_ANNOTATION, DesiredState, object_name, sink_id
 
@@ -54,20 +55,19 @@ def secret_env(option: str) -> str:
     return "CHSINK_KAFKA_" + re.sub(r"[^A-Z0-9]", "_", option.upper())
 
 
-def sink_config(namespace: str, name: str, spec: dict[str, Any], status: Mapping[str, Any] | None = None) -> SinkConfig:
-    """The job's SinkConfig for a ClickHouseSink spec; errors name the CR field.
+def sink_config(namespace: str, name: str, spec: SinkSpec, status: Mapping[str, Any] | None = None) -> SinkConfig:
+    """The job's SinkConfig for a ClickHouseSink spec; errors name the field.
 
     The shards come from `status.layout` (what the job runs with) when there is one: a change of the
     spec's shards reaches the job only through a rebalance (rebalance.py).
     """
-    k, ch = spec["kafka"], spec["clickhouse"]
-    kafka: dict[str, Any] = {"bootstrapServers": k["bootstrapServers"], "options": k.get("options", {}),
-                             "secretOptions": {opt: {"env": secret_env(opt)} for opt in k.get("secretOptions", {})}}
-    kafka.update({"topics": k["topics"]} if k.get("topics") else {"topicPattern": k.get("topicPattern")})
+    k, ch = spec.kafka, spec.clickhouse
+    kafka: dict[str, Any] = {"bootstrapServers": k.bootstrap_servers, "options": k.options,
+                             "secretOptions": {opt: {"env": secret_env(opt)} for opt in k.secret_options}}
+    kafka.update({"topics": k.topics} if k.topics else {"topicPattern": k.topic_pattern})
     layout = dict((status or {}).get("layout") or initial_layout(spec))
     clickhouse: dict[str, Any] = {
-        "endpoints": layout["endpoints"], "database": ch.get("database", "default"),
-        "tables": ch["tables"], "settings": ch.get("settings", {}),
+        "endpoints": layout["endpoints"], "database": ch.database, "tables": ch.tables, "settings": ch.settings,
     }
     if any(d != clickhouse["database"] for d in layout["shardDatabases"]):
         clickhouse["shardDatabases"] = layout["shardDatabases"]
@@ -79,42 +79,43 @@ def sink_config(namespace: str, name: str, spec: dict[str, Any], status: Mapping
         sharding["assignment"] = layout["assignment"]
     if (status or {}).get("previousLayout"):
         sharding["previous"] = previous_config(status["previousLayout"])  # type: ignore[index]
-    for key in ("tableField", "tableHeader", "username", "requestTimeoutSeconds"):
-        if ch.get(key):
-            clickhouse[key] = ch[key]
-    if ch.get("credentialsSecretRef"):
+    for key, value in (("tableField", ch.table_field), ("tableHeader", ch.table_header), ("username", ch.username),
+                       ("requestTimeoutSeconds", ch.request_timeout_s)):
+        if value:
+            clickhouse[key] = value
+    if ch.credentials_secret_ref:
         clickhouse["password"] = {"env": CLICKHOUSE_PASSWORD_ENV}
-    eo = spec.get("exactlyOnce", {})
+    eo = spec.exactly_once
     data: dict[str, Any] = {
         "name": sink_id(namespace, name), "kafka": kafka, "clickhouse": clickhouse,
-        "format": spec.get("format", {}),
-        "state": {"engine": eo.get("engine", "KeeperMap"), "table": eo.get("table", "chsink_state"),
-                  **({"keeperPath": eo["keeperPath"]} if eo.get("keeperPath") else {})},
-        "batching": spec.get("batching", {}), "dlq": spec.get("dlq", {}), "sharding": sharding,
-        "checkpointLocation": spec["checkpointLocation"],
+        "format": spec.raw(spec.format),
+        "state": {"engine": eo.engine, "table": eo.table, **({"keeperPath": eo.keeper_path} if eo.keeper_path else {})},
+        "batching": spec.raw(spec.batching), "dlq": spec.raw(spec.dlq), "sharding": sharding,
+        "checkpointLocation": spec.checkpoint_location,
     }
-    return parse_config(data, f"ClickHouseSink {namespace}/{name} (spec)")
+    return parse_config(data, f"ClickHouseSink {namespace}/{name}", prefix="spec")
 
 
-def secret_env_vars(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The job's environment variables taken from Secrets (secretKeyRef); the operator reads the same ones."""
-    env: list[dict[str, Any]] = []
-    k = spec["kafka"]
-    for opt, key in sorted(k.get("secretOptions", {}).items()):
-        env.append({"name": secret_env(opt),
-                    "valueFrom": {"secretKeyRef": {"name": k["secretRef"]["name"], "key": key}}})
-    cred = spec["clickhouse"].get("credentialsSecretRef")
+def secret_refs(spec: SinkSpec) -> list[tuple[str, dict[str, Any]]]:
+    """(spec field, environment variable from a Secret) for each secret the job gets; the operator reads the same."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    k = spec.kafka
+    for opt, key in sorted(k.secret_options.items()):
+        assert k.secret_ref is not None  # the model requires it with secretOptions
+        out.append((f"spec.kafka.secretOptions[{opt}]", {
+            "name": secret_env(opt), "valueFrom": {"secretKeyRef": {"name": k.secret_ref.name, "key": key}}}))
+    cred = spec.clickhouse.credentials_secret_ref
     if cred:
-        env.append({"name": CLICKHOUSE_PASSWORD_ENV, "valueFrom": {"secretKeyRef": {
-            "name": cred["name"], "key": cred.get("passwordKey", "password")}}})
-    return env
+        out.append(("spec.clickhouse.credentialsSecretRef", {"name": CLICKHOUSE_PASSWORD_ENV, "valueFrom": {
+            "secretKeyRef": {"name": cred.name, "key": cred.password_key}}}))
+    return out
 
 
 def spec_hash(material: Any) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "",
+def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
            defaults: Defaults = Defaults(), status: Mapping[str, Any] | None = None,
            suspend: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (ConfigMap, SparkApplication) for a ClickHouseSink; `suspend` drains it (a rebalance)."""
@@ -125,34 +126,33 @@ def render(namespace: str, name: str, spec: dict[str, Any], nonce: str = "",
     cm = {"apiVersion": "v1", "kind": "ConfigMap",
           "metadata": {"name": object_name(name), "namespace": namespace, "labels": labels},
           "data": {CONFIG_FILE: config_text}}
-    spark = spec.get("spark", {})
-    env = secret_env_vars(spec)
-    conf = {**spark.get("sparkConf", {}), "spark.speculation": "false",
-            "spark.kubernetes.driver.annotation.chsink.io/sink": name}
+    spark = spec.spark
+    env = [var for _, var in secret_refs(spec)]
+    conf = {**spark.spark_conf, "spark.speculation": "false", "spark.kubernetes.driver.annotation.chsink.io/sink": name}
     driver: dict[str, Any] = {
-        "cores": spark.get("driver", {}).get("cores", 1), "memory": spark.get("driver", {}).get("memory", "1g"),
+        "cores": spark.driver.cores, "memory": spark.driver.memory,
         "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}], "env": env,
         # the job's Prometheus endpoint (rows, inserts, retries, fencing, lag, batch durations)
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)},
     }
-    if spark.get("serviceAccount") or defaults.service_account:
-        driver["serviceAccount"] = spark.get("serviceAccount") or defaults.service_account
-    ex = spark.get("executor", {})
-    executor = {"cores": ex.get("cores", 1), "memory": ex.get("memory", "1g"), "instances": ex.get("instances", 1),
+    if spark.service_account or defaults.service_account:
+        driver["serviceAccount"] = spark.service_account or defaults.service_account
+    ex = spark.executor
+    executor = {"cores": ex.cores, "memory": ex.memory, "instances": ex.instances,
                 "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}], "env": env}
     app_spec: dict[str, Any] = {
         "type": "Python", "pythonVersion": "3", "mode": "cluster",
-        "image": spark.get("image", defaults.image), "imagePullPolicy": spark.get("imagePullPolicy", "IfNotPresent"),
+        "image": spark.image or defaults.image, "imagePullPolicy": spark.image_pull_policy,
         "mainApplicationFile": MAIN_FILE,
         "arguments": ["run", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--metrics-port", str(METRICS_PORT)],
-        "sparkVersion": spark.get("version", defaults.spark_version), "sparkConf": dict(sorted(conf.items())),
+        "sparkVersion": spark.version or defaults.spark_version, "sparkConf": dict(sorted(conf.items())),
         # a stream is never "done": restart it after failures, forever, with a pause
         "restartPolicy": {"type": "Always", "onFailureRetryInterval": 10, "onSubmissionFailureRetryInterval": 30},
         "driver": driver, "executor": executor,
-        "suspend": suspend or spec.get("state", DesiredState.RUNNING) == DesiredState.PAUSED,
+        "suspend": suspend or spec.state == DesiredState.PAUSED,
     }
-    deps = dict(spark.get("deps") or {})
+    deps = dict(spark.deps)
     if defaults.packages and "packages" not in deps:
         deps["packages"] = list(defaults.packages)
     if deps:

@@ -15,7 +15,8 @@ HASH_ANNOTATION = f"{GROUP}/spec-hash"
 NONCE_ANNOTATION = f"{GROUP}/restart-nonce"
 FORCE_DELETE_ANNOTATION = f"{GROUP}/force-delete"
 APPROVAL_ANNOTATION = f"{GROUP}/rebalance-approval"  # "required": a plan waits for APPROVE_ANNOTATION
-APPROVE_ANNOTATION = f"{GROUP}/approve-rebalance"  # the plan's toLayout, to approve it
+APPROVE_ANNOTATION = f"{GROUP}/approve-rebalance"  # APPROVE_WORD (the plan shown now) or the plan's toLayout
+APPROVE_WORD = "approve"
 
 
 class DesiredState(enum.StrEnum):
@@ -27,18 +28,71 @@ class DesiredState(enum.StrEnum):
 
 
 class SinkState(enum.StrEnum):
-    """status.state: what the operator made of it."""
+    """status.state: the sink's lifecycle, from the spec, the SparkApplication and what the operator met."""
 
-    RUNNING = "Running"
+    PENDING = "Pending"  # waiting for something outside the spec (a Secret, Kafka, ClickHouse, the spark-operator)
+    DEPLOYING = "Deploying"  # the SparkApplication is submitted, (re)starting or resuming; no driver runs yet
+    RUNNING = "Running"  # the driver runs
+    DRAINING = "Draining"  # suspended for a rebalance; the new layout is applied once it stopped
     PAUSED = "Paused"
     STOPPED = "Stopped"
-    INVALID = "Invalid"
+    FAILED = "Failed"  # the spark-operator reports the job failed (it is resubmitted: restartPolicy Always)
+    INVALID = "Invalid"  # the spec is wrong; only a change to it helps
+    DELETING = "Deleting"
 
 
 class ConditionType(enum.StrEnum):
-    READY = "Ready"
-    PROGRESSING = "Progressing"
-    DEGRADED = "Degraded"
+    READY = "Ready"  # the job runs and nothing is degraded: `kubectl wait --for=condition=Ready` means it works
+    PROGRESSING = "Progressing"  # something is being rolled out: a (re)submission, a rebalance
+    DEGRADED = "Degraded"  # a problem, named by the reason
+
+
+class Reason(enum.StrEnum):
+    """Condition and Event reasons for problems, each defined once."""
+
+    INVALID_SPEC = "InvalidSpec"
+    SECRET_UNAVAILABLE = "SecretUnavailable"
+    KAFKA_UNAVAILABLE = "KafkaUnavailable"
+    CLICKHOUSE_UNAVAILABLE = "ClickHouseUnavailable"
+    SPARK_OPERATOR_MISSING = "SparkOperatorMissing"
+    FORBIDDEN = "Forbidden"
+    RECONCILE_FAILED = "ReconcileFailed"
+    JOB_FAILED = "JobFailed"
+    SHARD_STALLED = "ShardStalled"
+    CLEANUP_FAILED = "CleanupFailed"
+
+
+class AppState(enum.StrEnum):
+    """The spark-operator's SparkApplication states (status.applicationState.state)."""
+
+    NEW = ""
+    SUBMITTED = "SUBMITTED"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    SUBMISSION_FAILED = "SUBMISSION_FAILED"
+    PENDING_RERUN = "PENDING_RERUN"
+    INVALIDATING = "INVALIDATING"
+    SUCCEEDING = "SUCCEEDING"
+    FAILING = "FAILING"
+    UNKNOWN = "UNKNOWN"
+    SUSPENDING = "SUSPENDING"
+    SUSPENDED = "SUSPENDED"
+    RESUMING = "RESUMING"
+
+    @classmethod
+    def parse(cls, value: str) -> AppState:
+        try:
+            return cls(value)
+        except ValueError:  # a state a newer spark-operator added
+            return cls.UNKNOWN
+
+
+# a stream never ends on its own: an application that completed has failed as much as one that failed
+FAILED_APP_STATES = frozenset({AppState.FAILED, AppState.SUBMISSION_FAILED, AppState.FAILING, AppState.COMPLETED,
+                               AppState.SUCCEEDING})
+# states in which no driver runs (a drain waits for one of these)
+STOPPED_APP_STATES = frozenset({AppState.SUSPENDED, AppState.COMPLETED, AppState.FAILED, AppState.SUBMISSION_FAILED})
 
 
 class RebalancePhase(enum.StrEnum):
@@ -49,10 +103,6 @@ class RebalancePhase(enum.StrEnum):
     DRAINING = "Draining"  # the job is suspended; applied as soon as it has stopped
     APPLIED = "Applied"
     CANCELLED = "Cancelled"
-
-
-# SparkApplication states (the spark-operator's) in which no driver runs
-STOPPED_APP_STATES = frozenset({"SUSPENDED", "COMPLETED", "FAILED", "SUBMISSION_FAILED", "FAILED_SUBMISSION"})
 
 
 def object_name(name: str) -> str:

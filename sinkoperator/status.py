@@ -1,7 +1,8 @@
-"""The only writer of status: the ClickHouseSink's status and conditions, and the SinkStatus object.
+"""The only writer of status: the ClickHouseSink's status, conditions and Events, and the SinkStatus object.
 
-Everything else hands its findings here, so what `kubectl get chs,sinkstatus` shows is decided in one
-place (as the Flink operator's StatusRecorder does).
+Everything else hands its findings here, so what `kubectl get chs,sinkstatus` shows is decided in one place
+(as the Flink operator's StatusRecorder does). Events are posted on transitions only (a state change, a new
+Degraded reason, a recovery), so a problem that lasts does not post a Warning on every retry.
 """
 
 from __future__ import annotations
@@ -9,47 +10,57 @@ from __future__ import annotations
 import datetime as dt
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
+from sparkapp.config import SinkConfig
 from sparkapp.core.state_machine import Phase
-from sparkapp.edges.kafka import topic_partitions, watermarks
-from sparkapp.edges.store import StateRow, resume_positions
+from sparkapp.edges.kafka import all_watermarks, topic_partitions
+from sparkapp.edges.store import StateRow, StateStore, resume_positions
 
 from . import kube, metrics
-from .access import open_store, operator_config
+from .lifecycle import Observed, Problem, conditions, keep_transition_times
+from .model import SinkStatus
 from .rebalance import shard_label
-from .spec import GROUP, PLURAL, STATUS_PLURAL, VERSION, ConditionType, object_name
+from .spec import GROUP, PLURAL, STATUS_PLURAL, VERSION, ConditionType, Reason, SinkState
 
-Condition = dict[str, Any]
+_BAD_STATES = {SinkState.FAILED, SinkState.INVALID}
 
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def condition(kind: ConditionType, ok: bool, reason: str, message: str, generation: int) -> Condition:
-    """A metav1.Condition-shaped dict."""
-    return {"type": str(kind), "status": "True" if ok else "False", "reason": reason, "message": message,
-            "observedGeneration": generation, "lastTransitionTime": now()}
+def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, generation: int) -> SinkStatus:
+    """Writes the sink's status: `new`'s fields, with the state and conditions `observed` implies; posts the
+    Events of what changed."""
+    state, conds = conditions(observed, generation, now())
+    new = new.model_copy(update={"state": state, "observed_generation": generation,
+                                 "conditions": keep_transition_times(old.conditions, conds)})
+    meta = body.get("metadata") or {}
+    kube.patch_status((GROUP, VERSION), meta["namespace"], PLURAL, meta["name"], new.dump())
+    metrics.sink_state(meta["namespace"], meta["name"], state)
+    _events(body, old, new)
+    return new
 
 
-def merge_conditions(old: list[Condition] | None, new: list[Condition]) -> list[Condition]:
-    """Keeps lastTransitionTime when a condition's status did not change."""
-    by_type = {c["type"]: c for c in old or []}
-    out = []
-    for c in new:
-        prev = by_type.get(c["type"])
-        if prev and prev.get("status") == c["status"]:
-            c = {**c, "lastTransitionTime": prev.get("lastTransitionTime", c["lastTransitionTime"])}
-        out.append(c)
-    return out
-
-
-def patch(namespace: str, name: str, status: dict[str, Any]) -> None:
-    """Patches the ClickHouseSink's status (the one place that does)."""
-    kube.patch_status((GROUP, VERSION), namespace, PLURAL, name, status)
+def _events(body: Any, old: SinkStatus, new: SinkStatus) -> None:
+    was, now_ = old.condition(ConditionType.DEGRADED), new.condition(ConditionType.DEGRADED)
+    assert now_ is not None and new.state is not None
+    # a lasting problem is one Warning, however often it is retried; another one (or the spec's next
+    # mistake) is a new Warning
+    if now_.true and (was is None or not was.true or was.reason != now_.reason or
+                      (now_.reason == Reason.INVALID_SPEC and was.message != now_.message and
+                       was.observed_generation != now_.observed_generation)):
+        kopf.warn(body, reason=now_.reason, message=now_.message)
+    elif not now_.true and was is not None and was.true:
+        kopf.info(body, reason="Recovered", message=f"no longer degraded ({was.reason})")
+    if new.state != old.state:
+        ready = new.condition(ConditionType.READY)
+        text = f"sink {new.state.lower()}" + (f": {ready.message}" if ready and ready.message else "")
+        (kopf.warn if new.state in _BAD_STATES else kopf.info)(body, reason=str(new.state), message=text)
 
 
 def stalled_shards(rows: list[StateRow], status: Mapping[str, Any], at: dt.datetime,
@@ -69,15 +80,23 @@ def stalled_shards(rows: list[StateRow], status: Mapping[str, Any], at: dt.datet
     return out
 
 
-def sink_status(body: Any, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Progress:
+    """What the refresh found: the total lag, and a stall (a Problem) if any."""
+
+    lag: int
+    stall: Problem | None
+
+
+def refresh(body: Any, cfg: SinkConfig, store: StateStore, cr_status: SinkStatus, state: SinkState) -> Progress:
     """Refreshes the SinkStatus object: state rows from the store, lag from Kafka high watermarks."""
-    cr_status = dict(body.get("status") or {})
-    cfg = operator_config(namespace, name, spec, cr_status)
-    rows = open_store(cfg).list_sink(cfg.name)
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    rows = store.list_sink(cfg.name)
     parts = topic_partitions(cfg.kafka)
     partitions: list[dict[str, Any]] = []
     done = resume_positions(rows)
-    highs = {(t, p): watermarks(cfg.kafka, t, p)[1] for t, n in parts.items() for p in range(n)}
+    highs = {tp: high for tp, (_, high) in all_watermarks(cfg.kafka, parts).items()}
     total_lag = sum(max(0, high - done.get(tp, 0)) for tp, high in highs.items())
     for r in rows:
         s = r.state
@@ -87,31 +106,18 @@ def sink_status(body: Any, namespace: str, name: str, spec: dict[str, Any]) -> d
                            "epoch": s.epoch, "lastCommit": r.updated_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
                            "highWatermark": high, "lag": max(0, high - s.resume_offset), "shard": r.shard})
     last = max((str(p["lastCommit"]) for p in partitions), default=None)
-    declared = str(spec.get("state", "running")).capitalize()
-    status = {"sink": cfg.name, "state": cr_status.get("state") or declared,
-              "partitionCount": len(highs), "lag": total_lag, "partitions": partitions}
+    status = {"sink": cfg.name, "state": str(state), "partitionCount": len(highs), "lag": total_lag,
+              "partitions": partitions}
     if last:
         status["lastCommit"] = last
     obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SinkStatus",
            "metadata": {"name": name, "namespace": namespace}, "status": status}
     kopf.adopt(obj, owner=body)
     kube.upsert_status_object((GROUP, VERSION), namespace, STATUS_PLURAL, obj)
-    state = kube.app_state(kube.get_app(namespace, object_name(name)))
-    stalled = stalled_shards(rows, cr_status, dt.datetime.now(dt.UTC))
-    generation = int((body.get("metadata") or {}).get("generation", 0))
-    degraded = condition(ConditionType.DEGRADED, True, "ShardStalled", "; ".join(
-        f"shard {shard}: {len(ps)} partition(s) unconfirmed: {', '.join(ps[:10])}" for shard, ps in sorted(
-            stalled.items())), generation) if stalled else \
-        condition(ConditionType.DEGRADED, False, "AsExpected", "", generation)
+    layouts = cr_status.model_dump(by_alias=True, include={"layout", "previous_layout"}, exclude_none=True)
+    stalled = stalled_shards(rows, layouts, dt.datetime.now(dt.UTC))
     metrics.stalled(namespace, name, {shard: len(ps) for shard, ps in stalled.items()})
-    update: dict[str, Any] = {"lag": total_lag, "sparkApplication": {"state": state}}
-    if stalled or _is_stalled(cr_status):  # set and clear only our own Degraded reason
-        update["conditions"] = merge_conditions(cr_status.get("conditions"), [
-            c for c in cr_status.get("conditions") or [] if c["type"] != ConditionType.DEGRADED] + [degraded])
-    patch(namespace, name, update)
-    return status
-
-
-def _is_stalled(status: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == ConditionType.DEGRADED and c.get("reason") == "ShardStalled"
-               for c in status.get("conditions") or [])
+    stall = Problem(Reason.SHARD_STALLED, "; ".join(
+        f"shard {shard}: {len(ps)} partition(s) unconfirmed: {', '.join(ps[:10])}"
+        for shard, ps in sorted(stalled.items()))) if stalled else None
+    return Progress(total_lag, stall)

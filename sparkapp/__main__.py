@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .config import ConfigError, SinkConfig, load_config
+from .config import ConfigError, SinkConfig, UnavailableError, load_config
 from .core.state_machine import IrrecoverableStateError
 from .delivery.context import DataLossError
 from .edges.store import FencedError
@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 # errors a user acts on, each with its exit code (documented in README) and a one-line heading
 _EXITS: dict[type[Exception], tuple[int, str]] = {
     ConfigError: (2, "configuration error"), FencedError: (3, "fenced"), DataLossError: (4, "data loss"),
-    IrrecoverableStateError: (5, "state does not match Kafka"),
+    IrrecoverableStateError: (5, "state does not match Kafka"), UnavailableError: (6, "unavailable"),
 }
 
 

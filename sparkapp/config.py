@@ -33,6 +33,13 @@ _FORBIDDEN_SOURCE_OPTIONS = {"minpartitions", "maxrecordsperpartition", "assign"
 READ_COMMITTED = {"isolation.level": "read_committed"}
 
 
+# a checkpoint location chsink uses holds this file, naming the sink: another sink cannot take it over, and
+# the operator's deletionPolicy Delete removes only what chsink wrote there, only when it names the sink
+CHECKPOINT_MARKER = "_chsink_sink"
+# what chsink and Spark write under a checkpoint location (runs of the pipelined path are run-<epoch>)
+CHECKPOINT_ENTRIES = frozenset({"offsets", "commits", "metadata", "sources", "state", "metadata.crc"})
+
+
 class Engine(enum.Enum):
     """The state table's engine: KeeperMap (cluster-wide, in Keeper) or EmbeddedRocksDB (one node)."""
 
@@ -42,6 +49,11 @@ class Engine(enum.Enum):
 
 class ConfigError(ValueError):
     """A configuration problem, phrased for the user: which field, and why."""
+
+
+class UnavailableError(Exception):
+    """A system the sink needs did not answer now (network, a restart, a topic not created yet): worth trying
+    again, unlike a ConfigError, which only a change to the config fixes."""
 
 
 class Strict(BaseModel):
@@ -94,7 +106,10 @@ class KafkaConfig(Strict):
         if self.topics and self.topic_pattern:
             raise ValueError("give either `topics` or `topicPattern`, not both")
         if self.topic_pattern:
-            re.compile(self.topic_pattern)
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as e:
+                raise ValueError(f"topicPattern {self.topic_pattern!r} is not a regular expression: {e}") from None
         if self.options.get("isolation.level", "read_committed") != "read_committed":
             raise ValueError("options isolation.level: chsink reads read_committed only (aborted records are not data)")
         bad = sorted(k for k in self.source_options if k.lower() in _FORBIDDEN_SOURCE_OPTIONS)
@@ -155,6 +170,12 @@ class ClickHouseConfig(Strict):
                              f"{len(self.endpoints)} endpoints; give one per endpoint or none")
         return self
 
+    @model_validator(mode="after")
+    def _one_router(self) -> ClickHouseConfig:
+        if self.table_field and self.table_header:
+            raise ValueError("give tableField or tableHeader, not both: a record's table comes from one of them")
+        return self
+
     @property
     def embedded(self) -> bool:
         return self.endpoints[0].startswith("chdb://")
@@ -200,8 +221,12 @@ class StateConfig(Strict):
     keeper_path: str | None = Field(default=None, alias="keeperPath")
 
 
+# what Spark's ProcessingTime trigger reads: a whole number and a unit, e.g. "2 seconds", "500 milliseconds"
+TRIGGER_INTERVAL = re.compile(r"(?i)^\s*[0-9]+\s+(millisecond|second|minute|hour|day)s?\s*$")
+
+
 class BatchingConfig(Strict):
-    trigger_interval: str = Field(default="2 seconds", alias="triggerInterval")
+    trigger_interval: str = Field(default="2 seconds", alias="triggerInterval", pattern=TRIGGER_INTERVAL.pattern)
     max_offsets_per_trigger: int | None = Field(default=200_000, alias="maxOffsetsPerTrigger", gt=0)
     block_offsets: int = Field(default=200_000, alias="blockOffsets", gt=0,
                                description="offsets per INSERT block, counted from each range's start")
@@ -285,6 +310,11 @@ class SinkConfig(Strict):
         bad = {tp: s for tp, s in sh.assignment.items() if s >= n}
         if bad:
             raise ValueError(f"sharding.assignment names shards beyond the {n} endpoints: {bad}")
+        dlq = self.dlq.topic
+        if dlq and (dlq in self.kafka.topics or (self.kafka.topic_pattern and
+                                                  re.fullmatch(self.kafka.topic_pattern, dlq))):
+            raise ValueError(f"dlq.topic {dlq!r} is one of the sink's own source topics: a dead-lettered record "
+                             "would be read back and dead-lettered again, forever")
         prev = sh.previous
         if prev is not None:
             if prev.weights and len(prev.weights) != len(prev.endpoints):
@@ -330,19 +360,26 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def parse_config(data: dict[str, Any], source: str = "config") -> SinkConfig:
-    """Validates a config dict; errors name each field and the reason."""
+def validation_lines(e: ValidationError, prefix: str = "") -> list[str]:
+    """One line per error, naming the field (under `prefix`) and the reason."""
+    lines = []
+    for err in e.errors():
+        path = _field_path(((prefix,) if prefix else ()) + tuple(p for p in err["loc"] if p != "function-after"))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"] == "string_pattern_mismatch" and path.endswith("triggerInterval"):
+            msg = f"{err['input']!r} is not a duration such as '2 seconds', '500 milliseconds' or '1 minute'"
+        lines.append(f"  {path or '(top level)'}: {msg}")
+    return lines
+
+
+def parse_config(data: dict[str, Any], source: str = "config", prefix: str = "") -> SinkConfig:
+    """Validates a config dict; errors name each field (under `prefix`) and the reason."""
     try:
         return SinkConfig.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            path = _field_path(tuple(p for p in err["loc"] if p not in ("function-after",)))
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown field"
-            lines.append(f"  {path or '(top level)'}: {msg}")
-        raise ConfigError(f"invalid sink config in {source}:\n" + "\n".join(lines)) from None
+        raise ConfigError(f"invalid sink config in {source}:\n" + "\n".join(validation_lines(e, prefix))) from None
 
 
 def load_config(path: str | Path) -> SinkConfig:

@@ -27,6 +27,8 @@ ALLOWED = {
                        "sparkapp.metrics"},
     "sinkoperator": {"sparkapp.core", "sparkapp.config", "sparkapp.edges"},
 }
+# the operator's decisions (the lifecycle, the models, the names, rebalance plans) are pure like the core
+PURE_OPERATOR = {"sinkoperator.lifecycle", "sinkoperator.model", "sinkoperator.spec", "sinkoperator.rebalance"}
 # the core decides, it does not act: no network, files, processes, clocks or randomness
 IO_MODULES = {"os", "io", "socket", "subprocess", "urllib", "http", "pathlib", "shutil", "time", "random", "uuid",
               "datetime", "threading", "clickhouse_connect", "chdb", "confluent_kafka", "kopf", "kubernetes",
@@ -82,6 +84,8 @@ def violations(module: str, path: Path) -> list[str]:
             found.append(f"{where}: the product, bench and hack never import tests")
         if family == "sparkapp.core" and top in IO_MODULES:
             found.append(f"{where}: the core does no IO")
+        if module in PURE_OPERATOR and (top in IO_MODULES or imported.startswith("sparkapp.edges")):
+            found.append(f"{where}: the operator's decisions do no IO")
         if family is None or top not in ("sparkapp", "sinkoperator"):
             continue
         target = _family(imported) or imported

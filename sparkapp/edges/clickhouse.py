@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from ..config import ClickHouseConfig, ConfigError
+from ..config import ClickHouseConfig, ConfigError, UnavailableError
 from ..formats.schema import SchemaError, TableSchema, build_schema
 
 if TYPE_CHECKING:
@@ -14,8 +14,12 @@ if TYPE_CHECKING:
 _CHDB_CLIENTS: dict[tuple[str, str | None], Client] = {}
 
 
-class EndpointUnreachableError(ConfigError):
+class EndpointUnreachableError(UnavailableError):
     """The endpoint did not answer (network, a restart): worth trying again, unlike a wrong address or password."""
+
+
+class ClickHouseRejectedError(ConfigError):
+    """The endpoint answered and refused (a wrong password, user or address): the config, or a Secret, is wrong."""
 
 
 def redact_dsn(dsn: str) -> str:
@@ -52,7 +56,7 @@ def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Cli
         from .insert import is_transient
 
         first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-        kind = EndpointUnreachableError if is_transient(e) else ConfigError
+        kind: type[Exception] = EndpointUnreachableError if is_transient(e) else ClickHouseRejectedError
         raise kind(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {first}") from None
 
 

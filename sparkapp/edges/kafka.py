@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..config import READ_COMMITTED, ConfigError, KafkaConfig
+from ..config import READ_COMMITTED, KafkaConfig, UnavailableError
 from ..core.records import Message
 from ..core.state_machine import OffsetRange
 
@@ -18,12 +18,16 @@ def admin(cfg: KafkaConfig) -> Any:
     return AdminClient({**cfg.client_options(), "log_level": 0})
 
 
+class KafkaUnavailableError(UnavailableError):
+    """Kafka did not answer, or the sink's topics do not exist (yet)."""
+
+
 def topic_partitions(cfg: KafkaConfig, timeout: float = 15.0) -> dict[str, int]:
-    """The subscribed topics and their partition counts; an unreachable broker is a ConfigError."""
+    """The subscribed topics and their partition counts."""
     try:
         md = admin(cfg).list_topics(timeout=timeout)
     except Exception as e:
-        raise ConfigError(f"cannot reach Kafka at {cfg.bootstrap_servers}: {e}") from None
+        raise KafkaUnavailableError(f"cannot reach Kafka at {cfg.bootstrap_servers}: {e}") from None
     if cfg.topic_pattern:
         rx = re.compile(cfg.topic_pattern)
         names = sorted(t for t in md.topics if rx.fullmatch(t) and not t.startswith("__"))
@@ -31,9 +35,9 @@ def topic_partitions(cfg: KafkaConfig, timeout: float = 15.0) -> dict[str, int]:
         names = list(cfg.topics)
     missing = [t for t in names if t not in md.topics or md.topics[t].error is not None]
     if missing:
-        raise ConfigError(f"Kafka topic(s) {missing} do not exist at {cfg.bootstrap_servers}")
+        raise KafkaUnavailableError(f"Kafka topic(s) {missing} do not exist at {cfg.bootstrap_servers}")
     if not names:
-        raise ConfigError(f"no Kafka topic matches pattern {cfg.topic_pattern!r}")
+        raise KafkaUnavailableError(f"no Kafka topic matches pattern {cfg.topic_pattern!r}")
     return {t: len(md.topics[t].partitions) for t in names}
 
 

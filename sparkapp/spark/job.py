@@ -32,7 +32,7 @@ from ..edges.insert import unsafe_target
 from ..edges.kafka import all_watermarks, topic_partitions
 from ..edges.store import FencedError, resume_positions, state_store
 from .batches import deliver, executor_fn, guarded, outcome_ddl, partition_slices
-from .session import build_session, checkpoint_exists, fresh_checkpoint, session_conf
+from .session import build_session, checkpoint_exists, fresh_checkpoint, mark_checkpoint, session_conf
 
 log = logging.getLogger("chsink.job")
 STOP_MARKER = "chsink: stop requested"
@@ -274,6 +274,7 @@ class SinkJob:
         if self.cfg.batching.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(self.cfg.batching.max_offsets_per_trigger))
         checkpoint = self.cfg.checkpoint_location
+        mark_checkpoint(spark, checkpoint, self.cfg.name)
         if self.writer.pipelined:  # the state store alone says where to resume
             checkpoint, has_ckpt = fresh_checkpoint(spark, checkpoint, self.epoch), False
         else:

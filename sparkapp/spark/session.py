@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, SinkConfig
+from ..config import CHECKPOINT_ENTRIES, CHECKPOINT_MARKER, ConfigError, SinkConfig
 
 log = logging.getLogger("chsink.job")
 
@@ -62,7 +62,27 @@ def kafka_connector_jars(conf: dict[str, str]) -> list[str]:
     return jars
 
 
-_SPARK_CHECKPOINT_ENTRIES = {"offsets", "commits", "metadata", "sources", "state", "metadata.crc"}
+def mark_checkpoint(spark: Any, location: str, sink: str) -> None:
+    """Claims the checkpoint location for this sink (CHECKPOINT_MARKER); refuses one another sink claimed, since
+    two sinks in one checkpoint would resume from each other's offsets."""
+    jvm = spark._jvm
+    marker = jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/" + CHECKPOINT_MARKER)
+    fs = marker.getFileSystem(spark._jsc.hadoopConfiguration())
+    if fs.exists(marker):
+        stream = fs.open(marker)
+        try:
+            owner = bytes(stream.readAllBytes()).decode().strip()
+        finally:
+            stream.close()
+        if owner != sink:
+            raise ConfigError(f"checkpointLocation {location} belongs to sink {owner!r} (its {CHECKPOINT_MARKER} "
+                              f"file); give sink {sink!r} a location of its own")
+        return
+    out = fs.create(marker, True)
+    try:
+        out.write(bytearray(sink.encode()))
+    finally:
+        out.close()
 
 
 def fresh_checkpoint(spark: Any, location: str, epoch: int) -> str:
@@ -77,7 +97,7 @@ def fresh_checkpoint(spark: Any, location: str, epoch: int) -> str:
     if fs.exists(base):
         for st in fs.listStatus(base):  # older runs', or a checkpoint of a non-pipelined run; nothing else
             name = st.getPath().getName()
-            if name.startswith("run-") or name.lstrip(".") in _SPARK_CHECKPOINT_ENTRIES:
+            if name.startswith("run-") or name.lstrip(".") in CHECKPOINT_ENTRIES:
                 fs.delete(st.getPath(), True)
     return f"{location.rstrip('/')}/run-{epoch}"
 

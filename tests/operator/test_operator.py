@@ -4,6 +4,7 @@ printer columns, SinkStatus, and the finalizer's state cleanup in the ZooKeeper-
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -42,14 +43,31 @@ def app_of(s) -> dict[str, Any] | None:
     return get(s["kube"], "sparkapplication", f"chsink-{s['name']}")
 
 
+def report(s, state: str, message: str = "") -> None:
+    """What the spark-operator would write (the test bed runs none): the application's state."""
+    body = {"status": {"driverInfo": {}, "applicationState": {"state": state, **({"errorMessage": message} if message else {})}}}
+    s["kube"].kubectl("patch", "sparkapplication", f"chsink-{s['name']}", "--subresource=status", "--type=merge",
+                      "-p", json.dumps(body))
+
+
+def cr_status(s) -> dict[str, Any]:
+    return (get(s["kube"], "clickhousesink", s["name"]) or {}).get("status", {})
+
+
+def condition(s, kind: str) -> dict[str, Any]:
+    return next((c for c in cr_status(s).get("conditions", []) if c["type"] == kind), {})
+
+
 def test_apply_creates_app_and_configmap_then_patches_only_on_material_change(sink):
     sink["apply"]()
     app = wait_for("SparkApplication", lambda: app_of(sink))
     cm = wait_for("ConfigMap", lambda: get(sink["kube"], "configmap", f"chsink-{sink['name']}"))
     assert yaml.safe_load(cm["data"]["sink.yaml"])["name"] == f"default.{sink['name']}"
     assert app["metadata"]["ownerReferences"][0]["kind"] == "ClickHouseSink"
-    cr = wait_for("Ready", lambda: (get(sink["kube"], "clickhousesink", sink["name"]) or {}).get("status", {}).get("state"), timeout=20)
-    assert cr == "Running"
+    wait_for("Deploying", lambda: cr_status(sink).get("state") == "Deploying", timeout=20)
+    report(sink, "RUNNING")
+    wait_for("Running", lambda: cr_status(sink).get("state") == "Running", timeout=20)
+    app = app_of(sink)
     rv, h = app["metadata"]["resourceVersion"], app["metadata"]["annotations"]["chsink.io/spec-hash"]
 
     sink["kube"].kubectl("label", "clickhousesink", sink["name"], "team=data")
@@ -87,11 +105,14 @@ def test_printer_columns_and_sinkstatus(sink):
         e.begin(pk, OffsetRange(0, 9), epoch)
         e.commit(pk, OffsetRange(0, 9), epoch)
     sink["apply"]()
+    wait_for("app", lambda: app_of(sink))
+    report(sink, "RUNNING")
     wait_for("SinkStatus", lambda: (s := (get(sink["kube"], "sinkstatus", sink["name"]) or {}).get("status", {}))
              .get("partitionCount") == 2 and s.get("state") == "Running")
+    wait_for("Ready", lambda: condition(sink, "Ready").get("status") == "True")
     out = sink["kube"].kubectl("get", "clickhousesinks", sink["name"]).stdout.splitlines()
-    assert out[0].split() == ["NAME", "READY", "STATE", "TOPICS", "SHARDS", "LAG", "LAYOUT", "REBALANCE", "AGE"]
-    assert out[1].split()[:5] == [sink["name"], "True", "Running", sink["topic"], "1"]
+    assert out[0].split() == ["NAME", "READY", "STATE", "JOB", "TOPICS", "SHARDS", "LAG", "REBALANCE", "AGE"]
+    assert out[1].split()[:7] == [sink["name"], "True", "Running", "RUNNING", sink["topic"], "1", "0"]
     st = sink["kube"].kubectl("get", "sinkstatus", sink["name"]).stdout.splitlines()
     assert st[0].split() == ["NAME", "SINK", "PARTITIONS", "LAG", "STATE", "LAST-COMMIT", "AGE"]
     assert st[1].split()[:5] == [sink["name"], f"default.{sink['name']}", "2", "0", "Running"]
@@ -116,6 +137,7 @@ def test_finalizer_cleans_state_only_with_delete(sink, zookeeper, policy):
     path = f"/chsink_keeper_map/op_{sink['db']}/data"
     (sink["checkpoint"] / "offsets").mkdir(parents=True)
     (sink["checkpoint"] / "offsets" / "0").write_text("v1")
+    (sink["checkpoint"] / "_chsink_sink").write_text(f"default.{sink['name']}")  # as the job marks it
     before = znodes(zookeeper, path)
     assert before == 3  # schema, epoch, one partition
     sink["apply"](deletionPolicy=policy)
@@ -124,6 +146,27 @@ def test_finalizer_cleans_state_only_with_delete(sink, zookeeper, policy):
     assert get(sink["kube"], "clickhousesink", sink["name"]) is None
     assert znodes(zookeeper, path) == (1 if policy == "Delete" else 3)
     assert sink["checkpoint"].exists() == (policy == "Retain")  # a reachable checkpoint goes with Delete
+
+
+def test_checkpoint_deletion_takes_only_what_chsink_marked_and_wrote(tmp_path):
+    from sinkoperator.cleanup import delete_checkpoint
+
+    user = tmp_path / "data"  # a user's directory given as checkpointLocation: no marker, nothing deleted
+    (user / "offsets").mkdir(parents=True)
+    assert "no _chsink_sink file" in delete_checkpoint(str(user), "ns.a") and (user / "offsets").exists()
+    other = tmp_path / "other"  # another sink's
+    (other / "run-3").mkdir(parents=True)
+    (other / "_chsink_sink").write_text("ns.b")
+    assert "names sink 'ns.b'" in delete_checkpoint(f"file://{other}", "ns.a") and (other / "run-3").exists()
+    mixed = tmp_path / "mixed"  # ours, with a user's file beside it
+    for d in ("run-7/offsets", "commits", "sources"):
+        (mixed / d).mkdir(parents=True)
+    (mixed / "metadata").write_text("{}")
+    (mixed / "notes.txt").write_text("mine")
+    (mixed / "_chsink_sink").write_text("ns.a")
+    assert "kept what else is there: ['notes.txt']" in delete_checkpoint(str(mixed), "ns.a")
+    assert sorted(p.name for p in mixed.iterdir()) == ["notes.txt"]
+    assert "local or mounted paths only" in delete_checkpoint("s3a://bucket/ckpt", "ns.a")
 
 
 def test_invalid_spec_sets_degraded_naming_the_field(sink):
@@ -175,8 +218,8 @@ def test_entry_point_serves_liveness(chsink_crds, tmp_path):
     env = dict(os.environ, KUBECONFIG=str(chsink_crds.kubeconfig))
     with open(tmp_path / "op.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "sinkoperator", "--namespace", "nowhere",
-                                 f"--liveness=http://127.0.0.1:{port}/healthz", f"--metrics-port={mport}",
-                                 "--log-level=debug"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                                 f"--liveness=http://127.0.0.1:{port}/healthz", f"--metrics-port={mport}"],
+                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for("liveness", lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status
                  == 200, timeout=60)
@@ -185,3 +228,5 @@ def test_entry_point_serves_liveness(chsink_crds, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+    out = (tmp_path / "op.log").read_text()
+    assert "[INFO" in out and "[DEBUG" not in out, out[-2000:]  # the default level is INFO, no object bodies

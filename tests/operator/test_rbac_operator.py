@@ -52,6 +52,10 @@ def test_operator_with_chart_rbac_renders_reports_and_finalizes(operator_as_char
     app = wait_for("SparkApplication", lambda: get_ns(kube, "sparkapplication", "chsink-rbac"))
     assert app["spec"]["driver"]["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "ch-creds"
     assert get_ns(kube, "configmap", "chsink-rbac")
+    wait_for("Deploying", lambda: (get_ns(kube, "clickhousesink", "rbac") or {}).get("status", {}).get("state")
+             == "Deploying")
+    kube.kubectl("patch", "sparkapplication", "chsink-rbac", "-n", WATCHED, "--subresource=status", "--type=merge",
+                 "-p", '{"status": {"driverInfo": {}, "applicationState": {"state": "RUNNING"}}}')
     wait_for("Running", lambda: (get_ns(kube, "clickhousesink", "rbac") or {}).get("status", {}).get("state")
              == "Running")
     wait_for("SinkStatus (state store reached with the Secret read by the operator)",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sinkoperator.model import SinkSpec
 from sinkoperator.render import HASH_ANNOTATION, render
 from sparkapp.config import ConfigError
 
@@ -17,7 +18,7 @@ SAMPLE = yaml.safe_load((HERE / "sample.yaml").read_text())
 
 
 def rendered(spec=None, nonce=""):
-    return render("default", "orders", spec or SAMPLE["spec"], nonce)
+    return render("default", "orders", SinkSpec.parse(spec or SAMPLE["spec"]), nonce)
 
 
 def test_golden_files():
@@ -68,10 +69,10 @@ def test_a_spec_the_next_layout_could_not_run_is_invalid_before_any_plan():
     bad = copy.deepcopy(SAMPLE["spec"])
     bad["sharding"] = {"weights": [1, 2]}
     with pytest.raises(ConfigError, match=r"sharding.weights has 2 entries for 1 clickhouse endpoints"):
-        sink_config("default", "orders", bad)
+        sink_config("default", "orders", SinkSpec.parse(bad))
     status = {"layout": {"version": 0, "endpoints": ["https://ch-0.data:8443"], "shardDatabases": ["shop"],
                          "weights": [1], "assignment": {}}}
-    assert sink_config("default", "orders", bad, status).sharding.layout == 0  # why both are checked
+    assert sink_config("default", "orders", SinkSpec.parse(bad), status).sharding.layout == 0  # why both are checked
 
 
 def test_rendered_objects_pass_upstream_sparkapplication_validation(chsink_crds):
@@ -87,7 +88,7 @@ def test_sample_cr_is_accepted_and_defaulted(chsink_crds):
     assert (got["spec"]["state"], got["spec"]["deletionPolicy"], got["spec"]["clickhouse"]["database"]) == \
         ("running", "Retain", "shop")
     header = chsink_crds.kubectl("get", "chs").stdout.splitlines()[0].split()
-    assert header == ["NAME", "READY", "STATE", "TOPICS", "SHARDS", "LAG", "LAYOUT", "REBALANCE", "AGE"]
+    assert header == ["NAME", "READY", "STATE", "JOB", "TOPICS", "SHARDS", "LAG", "REBALANCE", "AGE"]
 
 
 @pytest.mark.parametrize(("path", "value", "needle"), [
@@ -117,11 +118,40 @@ def test_install_defaults_from_the_chart_apply_where_the_cr_is_silent():
                            "CHSINK_SPARK_PACKAGES": "a:b:1,c:d:2"})
     spec = copy.deepcopy(SAMPLE["spec"])
     del spec["spark"]
-    _, app = render("default", "orders", spec, "", d)
+    _, app = render("default", "orders", SinkSpec.parse(spec), "", d)
     s = app["spec"]
     assert (s["image"], s["sparkVersion"], s["driver"]["serviceAccount"]) == ("reg/spark:1", "4.0.1", "spark-sa")
     assert s["deps"]["packages"] == ["a:b:1", "c:d:2"]
-    _, mine = render("default", "orders", SAMPLE["spec"], "", d)  # the CR's own values win
+    _, mine = render("default", "orders", SinkSpec.parse(SAMPLE["spec"]), "", d)  # the CR's own values win
     assert (mine["spec"]["image"], mine["spec"]["driver"]["serviceAccount"]) == ("registry.example/chsink-spark:0.1.0",
                                                                                  "chsink-spark")
     assert Defaults.from_env({}) == Defaults()
+
+
+CEL_CASES = [(path, value, needle) for path, value, needle in [
+    (("batching", "triggerInterval"), "banana", "spec.batching.triggerInterval"),
+    (("clickhouse", "shards"), [{"endpoint": "https://a:8443"}, {"endpoint": "https://a:8443"}],
+     "clickhouse.shards repeats a shard"),
+    (("clickhouse", "tableHeader"), "t", "give tableField or tableHeader, not both"),
+    (("dlq", "topic"), "orders", "dlq.topic is one of kafka.topics"),
+    (("kafka", "secretRef"), None, "give secretRef.name"),
+    (("spark", "sparkConf"), {"spark.speculation": "true"}, "spark.speculation must stay false"),
+]]
+
+
+@pytest.mark.parametrize(("path", "value", "needle"), CEL_CASES, ids=[".".join(c[0]) for c in CEL_CASES])
+def test_semantic_mistakes_are_refused_at_apply_time(chsink_crds, path, value, needle):
+    """The same mistakes the operator names itself (test_lifecycle.py), refused by the API server's CEL rules."""
+    from .test_lifecycle import bad_spec
+
+    cr = {**copy.deepcopy(SAMPLE), "spec": bad_spec(path, value)}
+    cr["metadata"]["name"] = "semantic"
+    res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(cr), check=False)
+    assert res.returncode != 0 and needle in res.stderr, res.stderr
+
+
+def test_a_name_too_long_for_its_objects_is_refused_at_apply_time(chsink_crds):
+    cr = copy.deepcopy(SAMPLE)
+    cr["metadata"]["name"] = "n" * 50
+    res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(cr), check=False)
+    assert res.returncode != 0 and "metadata.name: at most 45 characters" in res.stderr, res.stderr

@@ -91,6 +91,7 @@ def test_rendered_manifests_pass_server_side_dry_run(kube, values):
 
 @pytest.mark.parametrize("path", SINKS, ids=lambda p: p.name)
 def test_examples_pass_server_side_dry_run(kube, path):
+    from sinkoperator.model import SinkSpec
     from sinkoperator.render import render
 
     _apply_namespaces(kube, "examples")
@@ -101,7 +102,7 @@ def test_examples_pass_server_side_dry_run(kube, path):
     assert res.stdout.count("(server dry run)") == len(docs)
     for d in docs:
         if d["kind"] == "ClickHouseSink":  # and the operator renders it into a valid SparkApplication
-            cm, app = render("examples", d["metadata"]["name"], d["spec"])
+            cm, app = render("examples", d["metadata"]["name"], SinkSpec.parse(d["spec"]))
             kube.kubectl("apply", "-n", "examples", "--dry-run=server", "-f", "-",
                          input=yaml.safe_dump_all([cm, app]))
 

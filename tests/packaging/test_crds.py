@@ -37,3 +37,49 @@ def _at(path: str) -> list[str]:
 ])
 def test_crd_enum_is_the_code_enum(path: str, names: list[str]) -> None:
     assert _at(path) == names, f"spec.{path} in the CRD differs from the code's names"
+
+
+def _walk(node: dict[str, Any], path: str = "spec") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, node)]
+    for key, child in (node.get("properties") or {}).items():
+        out += _walk(child, f"{path}.{key}")
+    if isinstance(node.get("items"), dict) and node["items"].get("properties"):
+        out += _walk(node["items"], f"{path}[]")
+    return out
+
+
+def test_every_spec_field_is_described_for_kubectl_explain() -> None:
+    missing = [p for p, node in _walk(_spec_schema()) if not node.get("description") and not p.endswith("[]")]
+    assert missing == [], f"fields without a description (kubectl explain shows <no description>): {missing}"
+
+
+def test_the_crd_and_the_operator_model_have_the_same_fields() -> None:
+    from pydantic import BaseModel
+
+    from sinkoperator.model import SinkSpec
+
+    def fields(model: type[BaseModel], path: str) -> set[str]:
+        out = set()
+        for name, f in model.model_fields.items():
+            key = f"{path}.{f.alias or name}"
+            out.add(key)
+            ann = f.annotation
+            for t in (getattr(ann, "__args__", None) or (ann,)):
+                t = getattr(t, "__args__", (t,))[0] if getattr(t, "__origin__", None) is list else t
+                if isinstance(t, type) and issubclass(t, BaseModel) and t.__module__ == "sinkoperator.model":
+                    out |= fields(t, key)
+        return out
+
+    crd = {p.replace("[]", "") for p, _ in _walk(_spec_schema()) if p != "spec"}
+    model = fields(SinkSpec, "spec")
+    # sections the job's own models hold (format, batching, dlq): their first level is the CRD's
+    assert model <= crd, f"in the model, not the CRD: {sorted(model - crd)}"
+    shallow = {p for p in crd - model if p.count(".") > 2 or p.split(".")[1] not in ("format", "batching", "dlq")}
+    assert shallow == set(), f"in the CRD, not the model: {sorted(shallow)}"
+
+
+def test_the_crd_checks_durations_as_the_job_does() -> None:
+    from sparkapp.config import TRIGGER_INTERVAL
+
+    node = _spec_schema()["properties"]["batching"]["properties"]["triggerInterval"]
+    assert node["pattern"] == TRIGGER_INTERVAL.pattern

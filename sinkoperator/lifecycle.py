@@ -1,0 +1,109 @@
+"""What a sink's state and conditions are, from what one reconcile observed (pure).
+
+One function decides it, so `kubectl get chs` cannot say Ready while the job failed, is drained or was never
+submitted: Ready is True only when the SparkApplication reports RUNNING, the user asked for running, and
+nothing is degraded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import Condition
+from .spec import FAILED_APP_STATES, AppState, ConditionType, DesiredState, Reason, RebalancePhase, SinkState
+
+# the rollout states: something is on its way, not wrong
+_PROGRESSING = {SinkState.PENDING, SinkState.DEPLOYING, SinkState.DRAINING, SinkState.DELETING}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that keeps the sink from working. `permanent`: only a change to the spec helps (no retry)."""
+
+    reason: Reason
+    message: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one reconcile saw."""
+
+    desired: DesiredState
+    app: AppState | None  # None: no SparkApplication exists
+    app_message: str = ""
+    rebalance: RebalancePhase | None = None
+    problem: Problem | None = None
+    deleting: bool = False
+    rollout: str = ""  # what this reconcile changed ("created", "patched", "deleted"), if anything
+
+
+def sink_state(o: Observed) -> SinkState:
+    if o.deleting:
+        return SinkState.DELETING
+    if o.problem is not None and o.problem.permanent:
+        return SinkState.INVALID
+    if o.desired is DesiredState.STOPPED:
+        return SinkState.STOPPED
+    if o.desired is DesiredState.PAUSED:
+        return SinkState.PAUSED
+    if o.rebalance is RebalancePhase.DRAINING:
+        return SinkState.DRAINING
+    if o.app is None:
+        return SinkState.PENDING if o.problem is not None else SinkState.DEPLOYING
+    if o.app is AppState.RUNNING:
+        return SinkState.RUNNING
+    if o.app in FAILED_APP_STATES:
+        return SinkState.FAILED
+    return SinkState.DEPLOYING
+
+
+def conditions(o: Observed, generation: int, now: str) -> tuple[SinkState, list[Condition]]:
+    """The sink's state and its Ready, Progressing and Degraded conditions (one of each, always)."""
+    state = sink_state(o)
+    degraded: tuple[str, str] | None = None
+    if o.problem is not None:
+        degraded = (o.problem.reason, o.problem.message)
+    elif state is SinkState.FAILED:
+        degraded = (Reason.JOB_FAILED, f"the spark-operator reports the SparkApplication {o.app}"
+                    + (f": {o.app_message}" if o.app_message else "") + "; it is resubmitted (restartPolicy Always)")
+    ready = state is SinkState.RUNNING and degraded is None
+    if ready:
+        ready_reason, ready_msg = "Running", "the job runs"
+    elif degraded is not None:
+        ready_reason, ready_msg = degraded
+    else:
+        ready_reason, ready_msg = str(state), _WHY_NOT_READY.get(state, "")
+    progressing = state in _PROGRESSING or o.rebalance is RebalancePhase.SETTLING or bool(o.rollout)
+    if o.rebalance in (RebalancePhase.SETTLING, RebalancePhase.DRAINING):
+        prog_reason, prog_msg = f"Rebalance{o.rebalance}", "a rebalance is under way (status.rebalance)"
+    elif o.rollout:
+        prog_reason, prog_msg = o.rollout.capitalize(), f"SparkApplication {o.rollout}"
+    else:
+        prog_reason, prog_msg = str(state), ""
+
+    def cond(kind: ConditionType, ok: bool, reason: str, message: str) -> Condition:
+        return Condition.model_validate({"type": kind, "status": "True" if ok else "False", "reason": reason,
+                                         "message": message, "observedGeneration": generation,
+                                         "lastTransitionTime": now})
+
+    return state, [cond(ConditionType.READY, ready, ready_reason, ready_msg),
+                   cond(ConditionType.PROGRESSING, progressing, prog_reason, prog_msg),
+                   cond(ConditionType.DEGRADED, degraded is not None, *(degraded or ("AsExpected", "")))]
+
+
+_WHY_NOT_READY = {
+    SinkState.DEPLOYING: "the SparkApplication is submitted; its driver does not run yet",
+    SinkState.DRAINING: "the job is suspended for a rebalance",
+    SinkState.PAUSED: "spec.state is paused",
+    SinkState.STOPPED: "spec.state is stopped",
+    SinkState.DELETING: "the sink is being deleted",
+}
+
+
+def keep_transition_times(old: list[Condition], new: list[Condition]) -> list[Condition]:
+    """A condition keeps its lastTransitionTime while its status stays the same."""
+    before = {c.type: c for c in old}
+    return [c.model_copy(update={"last_transition_time": before[c.type].last_transition_time})
+            if c.type in before and before[c.type].status == c.status and before[c.type].last_transition_time
+            else c for c in new]

@@ -1,0 +1,229 @@
+"""The ClickHouseSink's spec and status as typed models (pure).
+
+The CRD's schema checks shapes at apply time (and CEL rules what it can express); these models are what the
+operator works with, and their validators hold the checks the API server cannot do, each naming its
+`spec.` field. The sections the job reads unchanged (format, batching, dlq) are the job's own models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sparkapp.config import BatchingConfig, ConfigError, DlqConfig, FormatConfig, Strict, validation_lines
+
+from .spec import AppState, ConditionType, DesiredState, RebalancePhase, SinkState
+
+# the operator must own these Spark settings: a user value would silently break a promise
+OWNED_SPARK_CONF = {
+    "spark.speculation": "a speculative copy of a task would write the same Kafka partition's windows in "
+                         "parallel with the original; chsink runs with speculation off",
+}
+NAME_MAX = 45  # chsink-<name>: the spark-operator derives Services (63-character DNS labels) from it
+
+
+class SecretRefName(Strict):
+    name: str = Field(min_length=1)
+
+
+class KafkaSpec(Strict):
+    bootstrap_servers: str = Field(alias="bootstrapServers", min_length=1)
+    topics: list[str] = Field(default_factory=list)
+    topic_pattern: str | None = Field(default=None, alias="topicPattern")
+    options: dict[str, str] = Field(default_factory=dict)
+    secret_ref: SecretRefName | None = Field(default=None, alias="secretRef")
+    secret_options: dict[str, str] = Field(default_factory=dict, alias="secretOptions")
+
+    @model_validator(mode="after")
+    def _secret_ref(self) -> KafkaSpec:
+        if self.secret_options and self.secret_ref is None:
+            raise ValueError("secretOptions names keys of a Secret: give secretRef.name, the Secret holding them")
+        return self
+
+
+class ShardSpec(Strict):
+    endpoint: str
+    database: str | None = None
+    replicas: list[str] = Field(default_factory=list)
+
+
+class CredentialsRef(Strict):
+    name: str = Field(min_length=1)
+    password_key: str = Field(default="password", alias="passwordKey")
+
+
+class ClickHouseSpec(Strict):
+    shards: list[ShardSpec] = Field(min_length=1)
+    database: str = "default"
+    tables: dict[str, str] = Field(min_length=1)
+    table_field: str | None = Field(default=None, alias="tableField")
+    table_header: str | None = Field(default=None, alias="tableHeader")
+    username: str | None = None
+    request_timeout_s: int | None = Field(default=None, alias="requestTimeoutSeconds", gt=0)
+    credentials_secret_ref: CredentialsRef | None = Field(default=None, alias="credentialsSecretRef")
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _distinct_shards(self) -> ClickHouseSpec:
+        seen: dict[tuple[str, str], int] = {}
+        for i, s in enumerate(self.shards):
+            key = (s.endpoint, s.database or self.database)
+            if key in seen:
+                raise ValueError(f"shards[{i}] repeats shards[{seen[key]}] ({key[0]}, database {key[1]}): "
+                                 "each shard is one (endpoint, database)")
+            seen[key] = i
+        return self
+
+
+class ExactlyOnceSpec(Strict):
+    engine: str = "KeeperMap"
+    table: str = "chsink_state"
+    keeper_path: str | None = Field(default=None, alias="keeperPath")
+
+
+class ShardingSpec(Strict):
+    policy: str = "partition"
+    key: str | None = None
+    hash: str | None = None
+    weights: list[int] = Field(default_factory=list)
+    stripe: int | None = None
+
+
+class Driver(Strict):
+    cores: int = Field(default=1, ge=1)
+    memory: str = "1g"
+
+
+class Executor(Driver):
+    instances: int = Field(default=1, ge=1)
+
+
+class SparkSpec(Strict):
+    image: str | None = None
+    image_pull_policy: str = Field(default="IfNotPresent", alias="imagePullPolicy")
+    version: str | None = None
+    service_account: str | None = Field(default=None, alias="serviceAccount")
+    spark_conf: dict[str, str] = Field(default_factory=dict, alias="sparkConf")
+    deps: dict[str, Any] = Field(default_factory=dict)
+    driver: Driver = Field(default_factory=Driver)
+    executor: Executor = Field(default_factory=Executor)
+
+    @model_validator(mode="after")
+    def _owned_conf(self) -> SparkSpec:
+        for key, why in OWNED_SPARK_CONF.items():
+            if key in self.spark_conf and self.spark_conf[key].strip().lower() != "false":
+                raise ValueError(f"sparkConf {key}={self.spark_conf[key]!r} is not allowed: {why}")
+        return self
+
+
+class SinkSpec(Strict):
+    """spec of a ClickHouseSink."""
+
+    kafka: KafkaSpec
+    clickhouse: ClickHouseSpec
+    format: FormatConfig = Field(default_factory=FormatConfig)
+    exactly_once: ExactlyOnceSpec = Field(default_factory=ExactlyOnceSpec, alias="exactlyOnce")
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    sharding: ShardingSpec = Field(default_factory=ShardingSpec)
+    dlq: DlqConfig = Field(default_factory=DlqConfig)
+    checkpoint_location: str = Field(alias="checkpointLocation", min_length=1)
+    spark: SparkSpec = Field(default_factory=SparkSpec)
+    state: DesiredState = DesiredState.RUNNING
+    deletion_policy: str = Field(default="Retain", alias="deletionPolicy")
+
+    @classmethod
+    def parse(cls, spec: Any, name: str = "") -> SinkSpec:
+        """The spec, or ConfigError naming each wrong `spec.` field (and metadata.name)."""
+        lines = []
+        if len(name) > NAME_MAX:
+            lines.append(f"  metadata.name: {len(name)} characters; at most {NAME_MAX} (it names the "
+                         f"SparkApplication chsink-{name[:8]}..., whose Services Kubernetes limits to 63)")
+        try:
+            out = cls.model_validate(dict(spec or {}))
+        except ValidationError as e:
+            lines += validation_lines(e, "spec")
+        if lines:
+            raise ConfigError("invalid ClickHouseSink:\n" + "\n".join(lines))
+        return out
+
+    def raw(self, section: BaseModel) -> dict[str, Any]:
+        """A section as the user wrote it (the fields they set), for the job's config."""
+        return section.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
+class Condition(BaseModel):
+    """A metav1.Condition."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    type: ConditionType
+    status: str
+    reason: str
+    message: str = ""
+    observed_generation: int = Field(default=0, alias="observedGeneration")
+    last_transition_time: str = Field(default="", alias="lastTransitionTime")
+
+    @property
+    def true(self) -> bool:
+        return self.status == "True"
+
+
+class AppStatus(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    name: str = ""
+    state: str = Field(default="", description="the spark-operator's applicationState.state")
+    message: str = Field(default="", description="its errorMessage")
+    spec_hash: str = Field(default="", alias="specHash")
+
+    @property
+    def app_state(self) -> AppState:
+        return AppState.parse(self.state)
+
+
+class Rebalance(BaseModel):
+    """status.rebalance: a plan from status.layout to the spec's shards, and where it stands."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+    phase: RebalancePhase
+    from_layout: int = Field(alias="fromLayout")
+    to_layout: int = Field(alias="toLayout")
+    target: dict[str, Any]
+    plan: list[dict[str, Any]] = Field(default_factory=list)
+    affected: list[str] = Field(default_factory=list)
+    message: str = ""
+    proposed_at: str = Field(default="", alias="proposedAt")
+    approved_at: str | None = Field(default=None, alias="approvedAt")
+    applied_at: str | None = Field(default=None, alias="appliedAt")
+
+    @property
+    def pending(self) -> bool:
+        return self.phase in (RebalancePhase.AWAITING_APPROVAL, RebalancePhase.SETTLING, RebalancePhase.DRAINING)
+
+
+class SinkStatus(BaseModel):
+    """status of a ClickHouseSink: what `kubectl get chs` shows (the SinkStatus object holds per-partition rows)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    state: SinkState | None = None
+    topics: str = ""
+    shards: str = Field(default="", description="shards in the applied layout; `2->3` while a rebalance waits")
+    lag: int | None = None
+    observed_generation: int = Field(default=0, alias="observedGeneration")
+    layout: dict[str, Any] | None = None
+    previous_layout: dict[str, Any] | None = Field(default=None, alias="previousLayout")
+    rebalance: Rebalance | None = None
+    spark_application: AppStatus = Field(default_factory=AppStatus, alias="sparkApplication")
+    conditions: list[Condition] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, status: Any) -> SinkStatus:
+        data = dict(status or {})
+        if not isinstance(data.get("shards", ""), str):  # written as an integer before
+            data["shards"] = str(data["shards"])
+        return cls.model_validate(data)
+
+    def condition(self, kind: ConditionType) -> Condition | None:
+        return next((c for c in self.conditions if c.type == kind), None)
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, mode="json", exclude_none=True)

@@ -1,0 +1,115 @@
+"""The lifecycle decision (pure), property-tested: whatever the job, the spec and the problems, `Ready` means the
+job runs and nothing is wrong, every problem is a Degraded condition, and a wrong spec is Invalid."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sinkoperator.lifecycle import Observed, Problem, conditions, keep_transition_times, sink_state
+from sinkoperator.model import SinkSpec
+from sinkoperator.render import sink_config
+from sinkoperator.spec import FAILED_APP_STATES, AppState, DesiredState, Reason, RebalancePhase, SinkState
+from sparkapp.config import ConfigError
+
+SAMPLE = yaml.safe_load((Path(__file__).parent / "sample.yaml").read_text())
+
+problems = st.none() | st.builds(Problem, st.sampled_from(list(Reason)), st.text(max_size=20), st.booleans())
+observed = st.builds(Observed, st.sampled_from(list(DesiredState)), st.none() | st.sampled_from(list(AppState)),
+                     st.text(max_size=10), st.none() | st.sampled_from(list(RebalancePhase)), problems, st.booleans(),
+                     st.sampled_from(["", "created", "patched", "deleted"]))
+
+
+@given(observed, st.integers(0, 10))
+def test_ready_means_the_job_runs_and_nothing_is_wrong(o: Observed, generation: int) -> None:
+    state, conds = conditions(o, generation, "2026-11-23T00:00:00Z")
+    by = {c.type: c for c in conds}
+    assert sorted(by) == ["Degraded", "Progressing", "Ready"] and len(conds) == 3
+    assert all(c.observed_generation == generation for c in conds)
+    if by["Ready"].true:
+        assert state is SinkState.RUNNING and o.app is AppState.RUNNING and o.desired is DesiredState.RUNNING
+        assert not by["Degraded"].true and o.problem is None and not o.deleting
+    if o.problem is not None:
+        assert by["Degraded"].true and by["Degraded"].reason == o.problem.reason and not by["Ready"].true
+        assert by["Ready"].reason == o.problem.reason  # `kubectl get` READY False says why
+    if o.problem is not None and o.problem.permanent and not o.deleting:
+        assert state is SinkState.INVALID
+    if o.problem is None and state is SinkState.FAILED:
+        assert by["Degraded"].true and by["Degraded"].reason == Reason.JOB_FAILED
+    if o.desired is DesiredState.RUNNING and o.app in FAILED_APP_STATES and not o.deleting and \
+            o.rebalance is not RebalancePhase.DRAINING and not (o.problem and o.problem.permanent):
+        assert state is SinkState.FAILED
+    if o.rebalance is RebalancePhase.DRAINING and o.desired is DesiredState.RUNNING and not o.deleting and \
+            not (o.problem and o.problem.permanent):
+        assert state is SinkState.DRAINING and not by["Ready"].true and by["Progressing"].true
+
+
+@given(observed)
+def test_transition_times_move_only_when_the_status_does(o: Observed) -> None:
+    _, first = conditions(o, 1, "t1")
+    _, again = conditions(o, 2, "t2")
+    kept = keep_transition_times(first, again)
+    assert [c.last_transition_time for c in kept] == ["t1", "t1", "t1"]
+    flipped = Observed(o.desired, o.app, problem=None if o.problem else Problem(Reason.RECONCILE_FAILED, "x"))
+    _, other = conditions(flipped, 3, "t3")
+    for old, new in zip(first, keep_transition_times(first, other), strict=True):
+        assert new.last_transition_time == ("t1" if old.status == new.status else "t3")
+
+
+def test_no_application_yet_is_pending_with_a_problem_and_deploying_without() -> None:
+    assert sink_state(Observed(DesiredState.RUNNING, None)) is SinkState.DEPLOYING
+    assert sink_state(Observed(DesiredState.RUNNING, None, problem=Problem(Reason.SPARK_OPERATOR_MISSING, "")))\
+        is SinkState.PENDING
+
+
+# (spec path, value, what the error names): the checks the operator makes itself, which the CRD repeats where CEL can
+BAD_SPECS = [
+    (("batching", "triggerInterval"), "banana", "spec.batching.triggerInterval: 'banana' is not a duration"),
+    (("clickhouse", "shards"), [{"endpoint": "https://a:8443"}, {"endpoint": "https://a:8443"}],
+     "spec.clickhouse: shards[1] repeats shards[0]"),
+    (("clickhouse", "tableHeader"), "t", "give tableField or tableHeader, not both"),
+    (("dlq", "topic"), "orders", "dlq.topic 'orders' is one of the sink's own source topics"),
+    (("kafka", "secretRef"), None, "spec.kafka: secretOptions names keys of a Secret"),
+    (("spark", "sparkConf"), {"spark.speculation": "true"}, "spec.spark: sparkConf spark.speculation='true'"),
+    (("kafka", "topicPattern"), "orders[", "topicPattern 'orders[' is not a regular expression"),
+]
+
+
+def bad_spec(path: tuple[str, ...], value: object) -> dict:
+    spec = copy.deepcopy(SAMPLE["spec"])
+    spec["clickhouse"]["tableField"] = "table"
+    if path == ("clickhouse", "tableHeader"):
+        spec["clickhouse"]["tableHeader"] = value
+    else:
+        del spec["clickhouse"]["tableField"]
+        node = spec
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+        if value is None:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+    if path == ("kafka", "topicPattern"):
+        del spec["kafka"]["topics"]
+    return spec
+
+
+@pytest.mark.parametrize(("path", "value", "needle"), BAD_SPECS, ids=[".".join(b[0]) for b in BAD_SPECS])
+def test_the_operator_names_what_is_wrong(path, value, needle) -> None:
+    with pytest.raises(ConfigError) as e:
+        sink_config("default", "orders", SinkSpec.parse(bad_spec(path, value)))
+    assert needle in str(e.value), str(e.value)
+
+
+def test_a_dlq_topic_the_pattern_matches_is_a_loop_and_a_long_name_is_refused() -> None:
+    spec = bad_spec(("kafka", "topicPattern"), "orders.*")
+    spec["dlq"] = {"topic": "orders-dlq"}
+    with pytest.raises(ConfigError, match=r"dlq\.topic 'orders-dlq' is one of the sink's own source topics"):
+        sink_config("default", "orders", SinkSpec.parse(spec))
+    with pytest.raises(ConfigError, match=r"metadata\.name: 50 characters; at most 45"):
+        SinkSpec.parse(SAMPLE["spec"], "n" * 50)

@@ -1,0 +1,225 @@
+"""What `kubectl` shows is true, on the real API server: Ready follows the SparkApplication, outages are retried
+(never Invalid), every failure is a condition and one Event, a fixed spec is taken at once, a stopped sink still
+reports its lag. The spark-operator's part (the application's state) is written as it would write it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import clickhouse_connect
+import pytest
+import yaml
+from confluent_kafka import Producer
+
+from hack.testbed.proxy import TcpRelay
+
+from .test_operator import app_of, condition, cr_status, get, report, wait_for
+
+_seq = itertools.count()
+
+
+def show(s, title: str) -> None:
+    """kubectl get and describe, for the closing note (KopfRunner swaps sys.stdout)."""
+    k = s["kube"].kubectl
+    desc = k("describe", "chs", s["name"]).stdout
+    print(f"\n--- {title}\n{k('get', 'chs', s['name']).stdout}{desc[desc.find('Status:'):]}", file=sys.__stdout__)
+
+
+def warnings(s, reason: str) -> int:
+    """How many times a Warning with this reason was posted for the sink (Events' counts included)."""
+    out = s["kube"].kubectl("get", "events", "-o", "json", "--field-selector",
+                            f"involvedObject.name={s['name']},type=Warning,reason={reason}").stdout
+    return sum(int(e.get("count") or 1) for e in json.loads(out)["items"])
+
+
+@pytest.fixture
+def hsink(operator, kafka, topic, clickhouse_server, tmp_path):
+    """A sink on the real ClickHouse server, reached through a relay that a test can cut."""
+    relay = TcpRelay(clickhouse_server.http_port).up()
+    db = f"truth_{next(_seq)}_{os.getpid()}"
+    client = clickhouse_connect.get_client(dsn=clickhouse_server.dsn)
+    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+    client.command(f"CREATE TABLE {db}.events (id UInt64) ENGINE = MergeTree ORDER BY id")
+    name, src = f"truth{next(_seq)}", topic(1)
+
+    def apply(**spec: Any) -> None:
+        ch = {"shards": [{"endpoint": f"http://127.0.0.1:{relay.port}"}], "database": db, "tables": {"*": "events"}}
+        cr = {"apiVersion": "chsink.io/v1alpha1", "kind": "ClickHouseSink",
+              "metadata": {"name": name, "namespace": "default"},
+              "spec": {"kafka": {"bootstrapServers": kafka.bootstrap, "topics": [src]}, "clickhouse": ch,
+                       "exactlyOnce": {"engine": "KeeperMap", "keeperPath": f"/{db}"},
+                       "checkpointLocation": str(tmp_path / "ckpt"), **spec}}
+        operator.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+
+    s = {"name": name, "kube": operator, "apply": apply, "relay": relay, "topic": src, "db": db}
+    yield s
+    relay.up() if relay._listener is None else None
+    operator.kubectl("delete", "clickhousesink", name, "--ignore-not-found", "--wait=true", "--timeout=90s",
+                     check=False)
+    relay.down()
+
+
+def test_ready_follows_the_job_and_kubectl_wait_works(hsink):
+    s = hsink
+    s["apply"]()
+    wait_for("Deploying", lambda: cr_status(s).get("state") == "Deploying")
+    assert condition(s, "Ready")["status"] == "False" and condition(s, "Progressing")["status"] == "True"
+    report(s, "RUNNING")
+    res = s["kube"].kubectl("wait", "--for=condition=Ready", f"chs/{s['name']}", "--timeout=30s", check=False)
+    assert res.returncode == 0, res.stderr
+    show(s, "job RUNNING")
+    report(s, "FAILED", "driver container failed with ExitCode: 2, Reason: Error")
+    wait_for("Failed", lambda: cr_status(s).get("state") == "Failed")
+    ready, degraded = condition(s, "Ready"), condition(s, "Degraded")
+    assert (ready["status"], ready["reason"]) == ("False", "JobFailed")
+    assert degraded["status"] == "True" and "ExitCode: 2" in degraded["message"]
+    assert s["kube"].kubectl("wait", "--for=condition=Ready", f"chs/{s['name']}", "--timeout=2s",
+                             check=False).returncode != 0
+    line = s["kube"].kubectl("get", "chs", s["name"], "--no-headers").stdout.split()
+    assert line[1:4] == ["False", "Failed", "FAILED"]
+    wait_for("a JobFailed Warning", lambda: warnings(s, "JobFailed") == 1)
+    show(s, "job FAILED (before)")
+    report(s, "RUNNING")
+    wait_for("Ready again", lambda: condition(s, "Ready").get("status") == "True")
+    show(s, "job RUNNING again (after)")
+    assert warnings(s, "JobFailed") == 1
+
+
+def test_a_clickhouse_outage_during_a_spec_change_is_retried_never_invalid(hsink):
+    s = hsink
+    s["apply"]()
+    wait_for("app", lambda: app_of(s))
+    report(s, "RUNNING")
+    wait_for("Ready", lambda: condition(s, "Ready").get("status") == "True")
+    s["relay"].down()
+    second = {"endpoint": f"http://127.0.0.1:{s['relay'].port}", "database": f"{s['db']}_b"}
+    s["apply"](clickhouse={"shards": [{"endpoint": f"http://127.0.0.1:{s['relay'].port}"}, second],
+                           "database": s["db"], "tables": {"*": "events"}})  # a rebalance: needs the store
+    cond = wait_for("Degraded", lambda: (c := condition(s, "Degraded")).get("status") == "True" and c)
+    assert cond["reason"] == "ClickHouseUnavailable" and "spec.clickhouse" in cond["message"]
+    time.sleep(25)  # two retries or more, and ticks
+    assert cr_status(s)["state"] != "Invalid" and condition(s, "Ready")["status"] == "False"
+    assert warnings(s, "ClickHouseUnavailable") == 1, "one Warning for a lasting problem, not one per retry"
+    show(s, "ClickHouse unreachable during a spec change (before)")
+    s["relay"].up()
+    t0 = time.monotonic()
+    wait_for("the plan once ClickHouse answers", lambda: cr_status(s).get("rebalance"), timeout=30)
+    wait_for("not degraded", lambda: condition(s, "Degraded").get("status") == "False", timeout=30)
+    assert time.monotonic() - t0 < 30
+    show(s, "ClickHouse back (after)")
+
+
+def test_a_host_that_does_not_resolve_is_never_ready(hsink):
+    s = hsink
+    s["apply"](clickhouse={"shards": [{"endpoint": "http://chsink-no-such-host.invalid:8123"}],
+                           "database": s["db"], "tables": {"*": "events"}})
+    wait_for("app", lambda: app_of(s))
+    report(s, "RUNNING")  # even with the job running, the operator cannot see it deliver anything
+    cond = wait_for("Degraded", lambda: (c := condition(s, "Degraded")).get("status") == "True" and c)
+    assert cond["reason"] == "ClickHouseUnavailable" and "chsink-no-such-host.invalid" in cond["message"]
+    time.sleep(3)
+    assert condition(s, "Ready")["status"] == "False"
+
+
+def test_a_missing_secret_is_named_and_creating_it_recovers_without_touching_the_sink(sink):
+    s = sink
+    ref = f"creds-{s['name']}"
+    s["apply"](clickhouse={"shards": [{"endpoint": s["dsn"]}], "database": s["db"], "tables": {"*": "events"},
+                           "credentialsSecretRef": {"name": ref}})
+    cond = wait_for("SecretUnavailable", lambda: (c := condition(s, "Degraded")).get("reason") ==
+                    "SecretUnavailable" and c)
+    assert f"spec.clickhouse.credentialsSecretRef: cannot read Secret default/{ref}: it does not exist" == \
+        cond["message"]
+    show(s, "a missing Secret (before)")
+    s["kube"].kubectl("create", "secret", "generic", ref, "--from-literal=pass=x")
+    wait_for("no key", lambda: "has no key 'password'" in condition(s, "Degraded").get("message", ""))
+    s["kube"].kubectl("delete", "secret", ref)
+    s["kube"].kubectl("create", "secret", "generic", ref, "--from-literal=password=x")
+    wait_for("recovered", lambda: condition(s, "Degraded").get("status") == "False", timeout=30)
+    show(s, "the Secret created (after)")
+    s["kube"].kubectl("delete", "secret", ref)
+
+
+def test_a_wrong_spec_is_invalid_naming_the_field_and_its_fix_is_taken_at_once(sink):
+    s = sink
+    s["apply"]()
+    wait_for("app", lambda: app_of(s))
+    spec = get(s["kube"], "clickhousesink", s["name"])["spec"]
+    spec["kafka"] = {"bootstrapServers": spec["kafka"]["bootstrapServers"], "topicPattern": "orders["}
+    body = {"apiVersion": "chsink.io/v1alpha1", "kind": "ClickHouseSink",
+            "metadata": {"name": s["name"], "namespace": "default"}, "spec": spec}
+    s["kube"].kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+    wait_for("Invalid", lambda: cr_status(s).get("state") == "Invalid")
+    cond = condition(s, "Degraded")
+    assert cond["reason"] == "InvalidSpec" and "spec.kafka: topicPattern 'orders[' is not a regular expression: " \
+        "unterminated character set" in cond["message"]
+    wait_for("an InvalidSpec Warning", lambda: warnings(s, "InvalidSpec") == 1)
+    show(s, "an invalid topicPattern (before)")
+    t0 = time.monotonic()
+    s["apply"]()
+    wait_for("valid again", lambda: cr_status(s).get("state") == "Deploying", timeout=20)
+    took = time.monotonic() - t0
+    assert took < 15, f"the fix waited {took:.0f}s"
+    show(s, "fixed (after)")
+
+
+def test_a_stopped_sink_says_stopped_and_its_lag_keeps_counting(sink, kafka):
+    s = sink
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(5):
+        p.produce(s["topic"], json.dumps({"id": i}).encode(), partition=0)
+    p.flush(10)
+    s["apply"](state="stopped")
+    wait_for("Stopped", lambda: cr_status(s).get("state") == "Stopped")
+    wait_for("SinkStatus Stopped with lag 5", lambda: (st := (get(s["kube"], "sinkstatus", s["name"]) or {})
+                                                      .get("status", {})).get("state") == "Stopped"
+             and st.get("lag") == 5)
+    for i in range(3):
+        p.produce(s["topic"], json.dumps({"id": i}).encode(), partition=1)
+    p.flush(10)
+    wait_for("lag 8", lambda: cr_status(s).get("lag") == 8 and
+             get(s["kube"], "sinkstatus", s["name"])["status"]["lag"] == 8)
+    assert condition(s, "Ready")["reason"] == "Stopped"
+
+
+def test_a_failing_cleanup_keeps_every_condition_and_posts_one_warning(hsink):
+    s = hsink
+    s["apply"](deletionPolicy="Delete")
+    wait_for("app", lambda: app_of(s))
+    s["relay"].down()
+    s["kube"].kubectl("delete", "chs", s["name"], "--wait=false")
+    cond = wait_for("CleanupFailed", lambda: (c := condition(s, "Degraded")).get("reason") == "CleanupFailed" and c)
+    assert "chsink.io/force-delete=true" in cond["message"]
+    time.sleep(25)  # retried every 10 s
+    st = cr_status(s)
+    assert st["state"] == "Deleting" and {c["type"] for c in st["conditions"]} == {"Ready", "Progressing",
+                                                                                  "Degraded"}
+    assert warnings(s, "CleanupFailed") == 1
+    show(s, "cleanup failing, ClickHouse unreachable (before)")
+    s["relay"].up()
+    wait_for("deleted", lambda: get(s["kube"], "clickhousesink", s["name"]) is None, timeout=60)
+
+
+def test_a_rebalance_is_approved_with_the_word_approve(sink, ch_factory):
+    s = sink
+    ch_factory(f"{s['db']}_b").command(f"CREATE TABLE IF NOT EXISTS `{s['db']}_b`.events (id UInt64, _topic String, "
+                                       "_partition UInt16, _offset UInt64) ENGINE = MergeTree ORDER BY _offset")
+    s["apply"]()
+    wait_for("layout", lambda: cr_status(s).get("layout"))
+    s["kube"].kubectl("annotate", "chs", s["name"], "chsink.io/rebalance-approval=required")
+    s["apply"](clickhouse={"shards": [{"endpoint": s["dsn"]}, {"endpoint": s["dsn"], "database": f"{s['db']}_b"}],
+                           "database": s["db"], "tables": {"*": "events"}})
+    rb = wait_for("awaiting", lambda: (r := cr_status(s).get("rebalance")) and r["phase"] == "AwaitingApproval" and r)
+    assert "chsink.io/approve-rebalance=approve" in rb["message"] and cr_status(s)["shards"] == "1->2"
+    s["kube"].kubectl("annotate", "chs", s["name"], "chsink.io/approve-rebalance=approve")
+    wait_for("approved", lambda: cr_status(s)["rebalance"].get("approvedAt"))
+    wait_for("the annotation used up", lambda: "chsink.io/approve-rebalance" not in
+             (get(s["kube"], "chs", s["name"])["metadata"].get("annotations") or {}))
+    wait_for("draining", lambda: cr_status(s)["state"] == "Draining")
+    report(s, "SUSPENDED")
+    wait_for("applied", lambda: cr_status(s)["rebalance"]["phase"] == "Applied" and cr_status(s)["shards"] == "2")
