@@ -111,8 +111,9 @@ def _config(tmp_path, **over):
     return path
 
 
-def assert_config_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+def assert_config_error(res: subprocess.CompletedProcess[str], *needles: str, code: int = 2) -> None:
+    """Exit 2 for a wrong config; 6 ("unavailable") for a system that does not answer, worth a retry."""
+    assert res.returncode == code, (res.returncode, res.stderr[-2000:])
     assert "Traceback" not in res.stderr
     for n in needles:
         assert n in res.stderr, res.stderr[-2000:]
@@ -128,13 +129,15 @@ def test_config_errors_are_actionable(tmp_path, kafka, topic):
     assert_config_error(run_cli("run", "--config", str(path)), "missing_table", "does not exist")
     # an unreachable ClickHouse
     path = _config(tmp_path, bootstrap=kafka.bootstrap, topic=src, endpoint=f"http://127.0.0.1:{free_port()}")
-    assert_config_error(run_cli("run", "--config", str(path)), "cannot reach ClickHouse endpoint http://127.0.0.1:")
+    assert_config_error(run_cli("run", "--config", str(path)), "chsink: unavailable: cannot reach ClickHouse endpoint "
+                        "http://127.0.0.1:", code=6)
     # an unreachable Kafka
     path = _config(tmp_path, bootstrap=f"127.0.0.1:{free_port()}", topic=src)
-    assert_config_error(run_cli("run", "--config", str(path)), "cannot reach Kafka at 127.0.0.1:")
+    assert_config_error(run_cli("run", "--config", str(path)), "chsink: unavailable: cannot reach Kafka at 127.0.0.1:",
+                        code=6)
     # a topic that does not exist
     path = _config(tmp_path, bootstrap=kafka.bootstrap, topic="no-such-topic")
-    assert_config_error(run_cli("run", "--config", str(path)), "topic(s) ['no-such-topic'] do not exist")
+    assert_config_error(run_cli("run", "--config", str(path)), "topic(s) ['no-such-topic'] do not exist", code=6)
     # a table whose retried inserts could not be told from first ones (no offset columns, no dedup window)
     subprocess.run([sys.executable, "-m", "hack.chsql", str(tmp_path / "chdb"),
                     "CREATE TABLE default.bare (id UInt64) ENGINE = MergeTree ORDER BY id"], cwd=REPO, check=True)
