@@ -35,8 +35,9 @@ def delete_checkpoint(location: str, sink: str) -> str:
     """Deletes what chsink wrote under a checkpoint the operator can reach (a local or mounted path), and only
     when its marker names this sink: never a directory chsink did not claim, nor anything else in it. Returns
     what happened, for the Event."""
-    path = Path(location.removeprefix("file://"))
-    if not location.removeprefix("file://").startswith("/"):
+    local = location.removeprefix("file://")
+    path = Path(local)
+    if not local.startswith("/"):
         return f"checkpoint {location} kept: the operator deletes local or mounted paths only"
     marker = path / CHECKPOINT_MARKER
     if not marker.is_file():

@@ -74,13 +74,14 @@ def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, stat
     except ConfigError as e:
         kopf.warn(body, reason="CleanupSkipped", message=f"the spec is invalid, so its state cannot be found: {e}")
         return
-    try:
-        cleanup.cleanup(body, namespace, name, sink, dict(meta))
-    except Exception as e:
-        msg = f"{problems.classify(e).message}; retried. Annotate {FORCE_DELETE_ANNOTATION}=true to release it"
-        old = SinkStatus.of((kube.get_sink(namespace, name) or {}).get("status"))  # as written by the last try
-        recorder.record(body, old, old, Observed(sink.state, None, problem=Problem(Reason.CLEANUP_FAILED, msg),
-                                                 deleting=True), int(meta.get("generation", 0)))
-        raise kopf.TemporaryError(msg, delay=RETRY_DELAY) from e
+    with reconciler.lock(namespace, name):  # a reconcile begun before the deletion ends first
+        try:
+            cleanup.cleanup(body, namespace, name, sink, dict(meta))
+        except Exception as e:
+            msg = f"{problems.classify(e).message}; retried. Annotate {FORCE_DELETE_ANNOTATION}=true to release it"
+            old = SinkStatus.of((kube.get_sink(namespace, name) or {}).get("status"))  # as the last try wrote it
+            recorder.record(body, old, old, Observed(sink.state, None, problem=Problem(Reason.CLEANUP_FAILED, msg),
+                                                     deleting=True), int(meta.get("generation", 0)))
+            raise kopf.TemporaryError(msg, delay=RETRY_DELAY) from e
     metrics.sink_state(namespace, name, None)
     reconciler.forget(namespace, name)

@@ -23,7 +23,7 @@ from sparkapp.edges.kafka import topic_partitions
 from . import kube, metrics, status
 from .access import open_store, operator_config
 from .cleanup import clean_removed_topics
-from .lifecycle import Observed, Problem, sink_state
+from .lifecycle import Observed, Problem
 from .model import Rebalance, SinkSpec, SinkStatus
 from .problems import classify, invalid_spec
 from .rebalance import initial_layout, plan, same_shards, spec_layout
@@ -53,11 +53,16 @@ class Outcome:
 def reconcile(namespace: str, name: str) -> Outcome | None:
     """Reconciles the sink as it is now (read afresh, so a change handler and a tick never act on an older
     spec than each other); None when it is gone or being deleted."""
-    with _LOCKS[(namespace, name)]:
+    with lock(namespace, name):
         body = kube.get_sink(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None  # gone, or the finalizer's to report on
         return _reconcile(body)
+
+
+def lock(namespace: str, name: str) -> threading.Lock:
+    """The sink's lock: one reconcile or cleanup at a time, so none writes status over a later one's."""
+    return _LOCKS[(namespace, name)]
 
 
 def forget(namespace: str, name: str) -> None:
@@ -69,7 +74,7 @@ def _reconcile(body: Any) -> Outcome:
     namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation", 0))
     old = SinkStatus.of(body.get("status"))
     new = old.model_copy()
-    changed, problem, stall, spec = "", None, None, None
+    changed, problem, stall, spec, progress = "", None, None, None, None
     app_state: AppState | None = None
     app_msg = ""
     desired = DesiredState(str((body.get("spec") or {}).get("state", DesiredState.RUNNING)))
@@ -94,13 +99,13 @@ def _reconcile(body: Any) -> Outcome:
             new = new.model_copy(update={"spark_application": new.spark_application.model_copy(
                 update={"name": object_name(name), "state": app_state or "", "message": app_msg})})
             cfg = operator_config(namespace, name, spec, new.dump())
-            progress = status.refresh(body, cfg, open_store(cfg), new, sink_state(Observed(desired, app_state)))
+            progress = status.progress(namespace, name, cfg, open_store(cfg), new)
             new, stall = new.model_copy(update={"lag": progress.lag}), progress.stall
         except Exception as e:
             problem = problem or classify(e)
     observed = Observed(desired, app_state, app_msg, new.rebalance.phase if new.rebalance else None,
                         problem or stall, rollout=changed if changed in ("created", "patched", "deleted") else "")
-    status.record(body, old, new, observed, generation)
+    status.record(body, old, new, observed, generation, progress)
     metrics.RECONCILES.labels(changed or "failed").inc()
     return Outcome(changed, problem)
 

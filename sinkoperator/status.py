@@ -33,14 +33,21 @@ def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, generation: int) -> SinkStatus:
-    """Writes the sink's status: `new`'s fields, with the state and conditions `observed` implies; posts the
-    Events of what changed."""
+def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, generation: int,
+           progress: Progress | None = None) -> SinkStatus:
+    """Writes the sink's status: `new`'s fields, with the state and conditions `observed` implies, and the
+    SinkStatus object with the same state; posts the Events of what changed."""
     state, conds = conditions(observed, generation, now())
     new = new.model_copy(update={"state": state, "observed_generation": generation,
                                  "conditions": keep_transition_times(old.conditions, conds)})
     meta = body.get("metadata") or {}
     kube.patch_status((GROUP, VERSION), meta["namespace"], PLURAL, meta["name"], new.dump())
+    if progress is not None:
+        obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SinkStatus",
+               "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+               "status": {**progress.partitions, "state": str(state)}}
+        kopf.adopt(obj, owner=body)
+        kube.upsert_status_object((GROUP, VERSION), meta["namespace"], STATUS_PLURAL, obj)
     metrics.sink_state(meta["namespace"], meta["name"], state)
     _events(body, old, new)
     return new
@@ -82,16 +89,16 @@ def stalled_shards(rows: list[StateRow], status: Mapping[str, Any], at: dt.datet
 
 @dataclass(frozen=True)
 class Progress:
-    """What the refresh found: the total lag, and a stall (a Problem) if any."""
+    """What the store and Kafka say: the SinkStatus object's body (without the state), the total lag, and a
+    stall (a Problem) if any."""
 
+    partitions: dict[str, Any]
     lag: int
     stall: Problem | None
 
 
-def refresh(body: Any, cfg: SinkConfig, store: StateStore, cr_status: SinkStatus, state: SinkState) -> Progress:
-    """Refreshes the SinkStatus object: state rows from the store, lag from Kafka high watermarks."""
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
+def progress(namespace: str, name: str, cfg: SinkConfig, store: StateStore, cr_status: SinkStatus) -> Progress:
+    """Per-partition state rows from the store, lag from Kafka high watermarks, and unconfirmed ranges."""
     rows = store.list_sink(cfg.name)
     parts = topic_partitions(cfg.kafka)
     partitions: list[dict[str, Any]] = []
@@ -106,18 +113,14 @@ def refresh(body: Any, cfg: SinkConfig, store: StateStore, cr_status: SinkStatus
                            "epoch": s.epoch, "lastCommit": r.updated_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
                            "highWatermark": high, "lag": max(0, high - s.resume_offset), "shard": r.shard})
     last = max((str(p["lastCommit"]) for p in partitions), default=None)
-    status = {"sink": cfg.name, "state": str(state), "partitionCount": len(highs), "lag": total_lag,
-              "partitions": partitions}
+    body: dict[str, Any] = {"sink": cfg.name, "partitionCount": len(highs), "lag": total_lag,
+                            "partitions": partitions}
     if last:
-        status["lastCommit"] = last
-    obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SinkStatus",
-           "metadata": {"name": name, "namespace": namespace}, "status": status}
-    kopf.adopt(obj, owner=body)
-    kube.upsert_status_object((GROUP, VERSION), namespace, STATUS_PLURAL, obj)
+        body["lastCommit"] = last
     layouts = cr_status.model_dump(by_alias=True, include={"layout", "previous_layout"}, exclude_none=True)
     stalled = stalled_shards(rows, layouts, dt.datetime.now(dt.UTC))
     metrics.stalled(namespace, name, {shard: len(ps) for shard, ps in stalled.items()})
     stall = Problem(Reason.SHARD_STALLED, "; ".join(
         f"shard {shard}: {len(ps)} partition(s) unconfirmed: {', '.join(ps[:10])}"
         for shard, ps in sorted(stalled.items()))) if stalled else None
-    return Progress(total_lag, stall)
+    return Progress(body, total_lag, stall)

@@ -27,8 +27,12 @@ class TcpRelay:
         threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
         return self
 
+    @property
+    def is_up(self) -> bool:
+        return self._listener is not None
+
     def down(self) -> None:
-        """Refuses new connections and resets the open ones."""
+        """Refuses new connections and cuts the open ones."""
         ls, self._listener = self._listener, None
         if ls is not None:
             with contextlib.suppress(OSError):
@@ -36,12 +40,10 @@ class TcpRelay:
             ls.close()
         with self._lock:
             conns, self._conns = self._conns, []
-        for c in conns:
-            try:
-                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                c.close()
-            except OSError:
-                pass
+        for c in conns:  # shutdown() wakes the relay's threads blocked in recv(); close() alone would not
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
 
     def _accept(self, ls: socket.socket) -> None:
         while True:

@@ -13,6 +13,8 @@ from sinkoperator.model import SinkSpec
 from sinkoperator.render import HASH_ANNOTATION, render
 from sparkapp.config import ConfigError
 
+from .test_lifecycle import BAD_SPECS, bad_spec
+
 HERE = Path(__file__).parent
 SAMPLE = yaml.safe_load((HERE / "sample.yaml").read_text())
 
@@ -128,22 +130,12 @@ def test_install_defaults_from_the_chart_apply_where_the_cr_is_silent():
     assert Defaults.from_env({}) == Defaults()
 
 
-CEL_CASES = [(path, value, needle) for path, value, needle in [
-    (("batching", "triggerInterval"), "banana", "spec.batching.triggerInterval"),
-    (("clickhouse", "shards"), [{"endpoint": "https://a:8443"}, {"endpoint": "https://a:8443"}],
-     "clickhouse.shards repeats a shard"),
-    (("clickhouse", "tableHeader"), "t", "give tableField or tableHeader, not both"),
-    (("dlq", "topic"), "orders", "dlq.topic is one of kafka.topics"),
-    (("kafka", "secretRef"), None, "give secretRef.name"),
-    (("spark", "sparkConf"), {"spark.speculation": "true"}, "spark.speculation must stay false"),
-]]
+CEL_CASES = [(path, value, cel) for path, value, _, cel in BAD_SPECS if cel is not None]
 
 
 @pytest.mark.parametrize(("path", "value", "needle"), CEL_CASES, ids=[".".join(c[0]) for c in CEL_CASES])
 def test_semantic_mistakes_are_refused_at_apply_time(chsink_crds, path, value, needle):
     """The same mistakes the operator names itself (test_lifecycle.py), refused by the API server's CEL rules."""
-    from .test_lifecycle import bad_spec
-
     cr = {**copy.deepcopy(SAMPLE), "spec": bad_spec(path, value)}
     cr["metadata"]["name"] = "semantic"
     res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(cr), check=False)

@@ -58,7 +58,8 @@ def hsink(operator, kafka, topic, clickhouse_server, tmp_path):
 
     s = {"name": name, "kube": operator, "apply": apply, "relay": relay, "topic": src, "db": db}
     yield s
-    relay.up() if relay._listener is None else None
+    if not relay.is_up:
+        relay.up()
     operator.kubectl("delete", "clickhousesink", name, "--ignore-not-found", "--wait=true", "--timeout=90s",
                      check=False)
     relay.down()
