@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..config import UnavailableError
 from ..core.routing import Layout
-from .insert import Inserter
+from .insert import Inserter, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,19 @@ class ShardSet:
         return self.layouts[version]
 
     def inserter(self, layout: int, shard: int) -> Inserter:
+        """Built on first use. A shard that does not answer then (a driver's catch-up, a new executor worker
+        meeting it for the first time) is down like one whose inserts fail: only its partitions stall."""
         if (layout, shard) not in self._inserters:
-            self._inserters[(layout, shard)] = self.make(layout, shard)
+            label = self.name(layout, shard)
+            self.health.check(label)
+            try:
+                self._inserters[(layout, shard)] = self.make(layout, shard)
+            except Exception as e:
+                if not (isinstance(e, UnavailableError) or is_transient(e)):
+                    raise
+                reason = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+                self.health.failed(label, reason)
+                raise ShardUnavailableError(label, reason) from None
         return self._inserters[(layout, shard)]
 
     def shards_of(self, layout: int, shard: int) -> list[int]:

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import metrics
-from ..config import ConfigError, SinkConfig
+from ..config import ConfigError, SinkConfig, UnavailableError
 from ..delivery.context import PartitionOutcome
 from ..delivery.runtime import Runtime, starting_offsets
 from ..edges.clickhouse import clickhouse_client, load_schema
 from ..edges.dlq import KafkaDeadLetterSink
-from ..edges.insert import unsafe_target
+from ..edges.insert import is_transient, unsafe_target
 from ..edges.kafka import all_watermarks, topic_partitions
 from ..edges.store import FencedError, resume_positions, state_store
 from .batches import deliver, executor_fn, guarded, outcome_ddl, partition_slices
@@ -231,9 +231,16 @@ class SinkJob:
 
     def catch_up(self) -> None:
         """Re-drives stalled partitions without waiting for new records: each re-reads from its BEFORE range up
-        to what Spark handed over. Runs where batches are written, one at a time with them."""
-        rt = self.writer.runtime()
-        starts = resume_positions(rt.store.list_sink(self.cfg.name))  # one read for all stalled partitions
+        to what Spark handed over. Runs where batches are written, one at a time with them. A ClickHouse that
+        does not answer now (the state store's, or a shard's) leaves them stalled for the next try."""
+        try:
+            rt = self.writer.runtime()
+            starts = resume_positions(rt.store.list_sink(self.cfg.name))  # one read for all stalled partitions
+        except Exception as e:
+            if not (isinstance(e, UnavailableError) or is_transient(e)):
+                raise
+            log.warning("catch-up of %d stalled partition(s) waits: %s", len(self.stalled), str(e).splitlines()[0])
+            return
 
         def one(t: str, p: int, upto: int) -> PartitionOutcome:
             return guarded(t, p, 0, upto, lambda: rt.catch_up(t, p, starts.get((t, p)), upto))

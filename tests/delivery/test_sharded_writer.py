@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-from sparkapp.config import Engine
+from hack.testbed.process import free_port
+from sparkapp.config import ClickHouseConfig, Engine
 from sparkapp.core.records import Message
 from sparkapp.core.routing import HashName, Layout, Policy
 from sparkapp.core.state_machine import OffsetRange, Phase
 from sparkapp.delivery.context import WriterContext
 from sparkapp.delivery.writer import write_lines, write_partition
-from sparkapp.edges.clickhouse import load_schema
+from sparkapp.edges.clickhouse import clickhouse_client, load_schema
 from sparkapp.edges.insert import Inserter
-from sparkapp.edges.shards import Health, LayoutError, ShardSet
+from sparkapp.edges.shards import Health, LayoutError, ShardSet, ShardUnavailableError
 from sparkapp.edges.store import PartitionKey, StateStore
 from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
 from tests.helpers import line_batch, msg
@@ -219,3 +220,29 @@ def test_before_range_keeps_its_policy_when_the_policy_changes(shards):
     assert [o for _, o in got[dbs[0]]] == [o for o in first if (o // 4) % 2 == 0]
     assert [o for _, o in got[dbs[1]]] == sorted([o for o in first if (o // 4) % 2 == 1] +
                                                   [m.offset for m in log[15:]])
+
+
+def test_shard_unreachable_when_its_inserter_is_first_built_stalls_only_its_partitions(shards):
+    """A writer that meets a shard for the first time while it does not answer (a driver's catch-up, a new
+    executor worker) stalls the partitions routed there; it does not fail the batch or the job."""
+    client, db, dbs = shards
+    store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/shardfirst_{db}")
+    store.ensure_schema()
+    dead = ClickHouseConfig(endpoints=[f"http://127.0.0.1:{free_port()}"], tables={"*": "ev"})
+
+    def make(lay: int, s: int) -> Inserter:
+        c = client if s == 0 else clickhouse_client(dead)  # shard 1's server is down: connection refused
+        return Inserter(c, load_schema(c, dbs[s], "ev"))
+
+    layout = Layout(0, (1, 1), assignment={("src", 0): 0, ("src", 1): 1})
+    ctx = context(client, store, ShardSet({0: layout}, 0, make, lambda lay, s: dbs[s], Health()))
+    write_partition(ctx, PartitionKey(SINK, "src", 0), stream(0, 10))
+    with pytest.raises(ShardUnavailableError):
+        write_partition(ctx, PartitionKey(SINK, "src", 1), stream(1, 10))
+    assert ctx.shards is not None and dbs[1] in ctx.shards.health.down
+    with pytest.raises(ShardUnavailableError, match="next try in"):  # not tried again at once
+        write_partition(ctx, PartitionKey(SINK, "src", 1), stream(1, 10))
+    write_partition(ctx, PartitionKey(SINK, "src", 0), stream(0, 20)[10:])
+    assert [o for _, o in offsets_by_shard(client, dbs[:1])[dbs[0]]] == [m.offset for m in stream(0, 20)]
+    row = store.get(PartitionKey(SINK, "src", 1))
+    assert row is None or row.state.phase is Phase.BEFORE

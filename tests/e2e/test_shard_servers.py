@@ -80,7 +80,17 @@ def test_three_shard_servers_one_killed_one_hung_every_offset_once(tmp_path, kaf
         finally:
             hung.signal(signal.SIGCONT)
         assert b0 > a0 and b1 > a1, f"shards 0 and 1 kept receiving rows while shard 2 hung: {a0, a1} -> {b0, b1}"
+        # the hung shard's partitions stalled (and the driver's catch-up met the shard for the first time):
+        # the job lives on through it and after, and shard 2 takes rows again
+        c2 = count(2)
+        assert sink.wait_for_batches(sink.log_text().count("INFO chsink.job: batch ") + 4, timeout=240), \
+            sink.log_text()[-3000:]
         assert sink.proc is not None and sink.proc.poll() is None, sink.log_text()[-3000:]
+        assert "chsink: unavailable" not in sink.log_text(), sink.log_text()[-3000:]
+        deadline = time.monotonic() + 60
+        while count(2) <= c2 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert count(2) > c2, sink.log_text()[-3000:]
     finally:
         producer.finish()
     sink.kill()
