@@ -1,5 +1,5 @@
-"""The operator's Kubernetes API calls for the objects it owns (ConfigMap, SparkApplication) and the
-Secrets a sink names. Status is written by status.py alone."""
+"""The operator's Kubernetes API calls for the objects it owns (ConfigMap, SparkApplication), the Spark
+driver's identity in a sink's namespace, and the Secrets a sink names. Status is written by status.py alone."""
 
 from __future__ import annotations
 
@@ -98,6 +98,37 @@ def delete_app(namespace: str, name: str, wait_s: float = 0) -> bool:
             raise kopf.TemporaryError(f"SparkApplication {name} still exists after {wait_s:.0f}s", delay=10)
         time.sleep(0.5)
     return True
+
+
+_IDENTITIES: set[tuple[str, str, str]] = set()  # (namespace, account, role) known to exist: one check each
+
+
+def ensure_driver_identity(namespace: str, account: str, role: str) -> list[str]:
+    """Creates the Spark driver's ServiceAccount and its RoleBinding to `role` (a ClusterRole) in the sink's
+    namespace when missing; returns what it created. Create only: an existing object, maybe the user's own,
+    is never changed."""
+    if (namespace, account, role) in _IDENTITIES:
+        return []
+    meta = {"name": account, "labels": {"app.kubernetes.io/managed-by": "chsink"}}
+    account_body: Any = {"metadata": meta}
+    binding_body: Any = {"metadata": meta,
+                         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}
+    created = []
+    objects: list[tuple[str, Any]] = [
+        (f"ServiceAccount {namespace}/{account}",
+         lambda: client.CoreV1Api().create_namespaced_service_account(namespace, account_body)),
+        (f"RoleBinding {namespace}/{account}",
+         lambda: client.RbacAuthorizationV1Api().create_namespaced_role_binding(namespace, binding_body))]
+    for what, create in objects:
+        try:
+            create()
+            created.append(what)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    _IDENTITIES.add((namespace, account, role))
+    return created
 
 
 class SecretUnavailableError(Exception):

@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sparkapp.config import ConfigError
 from sparkapp.edges.clickhouse import ClickHouseRejectedError, EndpointUnreachableError
-from sparkapp.edges.kafka import KafkaUnavailableError
+from sparkapp.edges.kafka import KafkaRefusedError, KafkaUnavailableError
 
 from .kube import SecretUnavailableError
 from .lifecycle import Problem
@@ -34,7 +34,7 @@ _OBJECT_ADDRESS = re.compile(r" (object )?at 0x[0-9a-fA-F]+")
 def _classify(e: BaseException) -> Problem:
     if isinstance(e, SecretUnavailableError):
         return Problem(Reason.SECRET_UNAVAILABLE, str(e))
-    if isinstance(e, KafkaUnavailableError):
+    if isinstance(e, (KafkaUnavailableError, KafkaRefusedError)):  # a Secret's new password helps, so retried
         return Problem(Reason.KAFKA_UNAVAILABLE, f"spec.kafka: {e}")
     if isinstance(e, (EndpointUnreachableError, ClickHouseRejectedError)) or \
             type(e).__module__.startswith("clickhouse_connect"):

@@ -118,11 +118,15 @@ def _apply(body: Any, spec: SinkSpec, old: SinkStatus) -> tuple[SinkStatus, str]
     nonce = (meta.get("annotations") or {}).get(NONCE_ANNOTATION, "")
     shards = layout_status(body, spec, old)
     draining = shards.rebalance is not None and shards.rebalance.phase is RebalancePhase.DRAINING
-    cm, app = render(namespace, name, spec, nonce, Defaults.from_env(), shards.dump(), suspend=draining)
+    defaults = Defaults.from_env()
+    cm, app = render(namespace, name, spec, nonce, defaults, shards.dump(), suspend=draining)
     obj = object_name(name)
     if spec.state is DesiredState.STOPPED:
         changed = "deleted" if kube.delete_app(namespace, obj) else "unchanged"
     else:
+        identity = defaults.driver_identity(spec.spark.service_account)
+        for what in kube.ensure_driver_identity(namespace, *identity) if identity else []:
+            kopf.info(body, reason="DriverIdentityCreated", message=f"{what} created for the Spark driver")
         kopf.adopt([cm, app], owner=body)
         kube.apply_configmap(cm)
         changed = kube.apply_app(app)

@@ -42,13 +42,24 @@ class Defaults:
     spark_version: str = DEFAULT_SPARK_VERSION
     service_account: str = ""
     packages: tuple[str, ...] = ()
+    # a cluster-wide install's driver ClusterRole: the operator gives each sink namespace the default driver
+    # ServiceAccount bound to it ("": the install created them, in the namespaces it watches)
+    driver_role: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Defaults:
         return cls(env.get("CHSINK_SPARK_IMAGE") or DEFAULT_IMAGE,
                    env.get("CHSINK_SPARK_VERSION") or DEFAULT_SPARK_VERSION,
                    env.get("CHSINK_SPARK_SERVICE_ACCOUNT", ""),
-                   tuple(p for p in env.get("CHSINK_SPARK_PACKAGES", "").split(",") if p))
+                   tuple(p for p in env.get("CHSINK_SPARK_PACKAGES", "").split(",") if p),
+                   env.get("CHSINK_SPARK_DRIVER_CLUSTERROLE", ""))
+
+    def driver_identity(self, spec_account: str | None) -> tuple[str, str] | None:
+        """(ServiceAccount, ClusterRole) the operator ensures in the sink's namespace, or None: a sink naming
+        its own ServiceAccount manages it itself."""
+        if self.driver_role and self.service_account and not spec_account:
+            return self.service_account, self.driver_role
+        return None
 
 
 def secret_env(option: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from .core.kafka_options import KafkaOptionError, java_consumer_options
 from .core.routing import DEFAULT_STRIPE, HashName, Layout, Policy, parse_assignment
 from .formats.registry import DecoderSpec, Format
 
@@ -112,6 +113,10 @@ class KafkaConfig(Strict):
                 raise ValueError(f"topicPattern {self.topic_pattern!r} is not a regular expression: {e}") from None
         if self.options.get("isolation.level", "read_committed") != "read_committed":
             raise ValueError("options isolation.level: chsink reads read_committed only (aborted records are not data)")
+        try:  # the Java consumer's view of the options, secrets not resolved yet
+            java_consumer_options({**self.options, **{k: "" for k in self.secret_options}}, self._java_given)
+        except KafkaOptionError as e:
+            raise ValueError(f"options: {e}") from None
         bad = sorted(k for k in self.source_options if k.lower() in _FORBIDDEN_SOURCE_OPTIONS)
         if bad:
             raise ValueError(f"sourceOptions {bad} are managed by chsink (they would split a partition across "
@@ -131,10 +136,15 @@ class KafkaConfig(Strict):
             out[k] = ref.resolve(f"kafka.secretOptions.{k}")
         return out
 
+    @property
+    def _java_given(self) -> list[str]:
+        return [k.removeprefix("kafka.") for k in self.source_options if k.startswith("kafka.")]
+
     def spark_options(self) -> dict[str, str]:
-        """The same options for Spark's Kafka source (prefixed `kafka.`), secrets resolved, with larger
-        fetches by default; `sourceOptions` come last and win."""
-        return {**SOURCE_FETCH_DEFAULTS, **{f"kafka.{k}": v for k, v in self.client_options().items()},
+        """The same options for Spark's Kafka source (prefixed `kafka.`, security in the Java client's names),
+        secrets resolved, with larger fetches by default; `sourceOptions` come last and win."""
+        java = java_consumer_options(self.client_options(), self._java_given)
+        return {**SOURCE_FETCH_DEFAULTS, **{f"kafka.{k}": v for k, v in java.items()},
                 **self.source_options, **{f"kafka.{k}": v for k, v in READ_COMMITTED.items()}}
 
 

@@ -144,6 +144,7 @@ class Kafka(ManagedProcess):
         super().__init__(workdir)
         self.port = port or free_port()
         self.controller_port = free_port()
+        self.secure_port = free_port()
         v = versions()
         self.jars = cached(f"kafka-{v['KAFKA_VERSION']}-r2")
 
@@ -151,18 +152,75 @@ class Kafka(ManagedProcess):
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    # a second listener, SASL_SSL with SCRAM-SHA-512 and a certificate from a CA made here, for the sink's
+    # Kafka security options (librdkafka names, translated for Spark's Java consumer)
+    SCRAM_USER, SCRAM_PASSWORD = "chsink", 'pa"ss\\word'
+
+    @property
+    def secure_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "tls" / "ca.pem"
+
+    def scram_user(self) -> tuple[str, str]:
+        """Creates (again: idempotent) the SCRAM-SHA-512 user through the admin API, which takes any password
+        (the storage tool's --add-scram cannot quote one with a double quote)."""
+        from confluent_kafka.admin import (  # type: ignore[attr-defined]
+            AdminClient,
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        up = UserScramCredentialUpsertion(self.SCRAM_USER, info, self.SCRAM_PASSWORD.encode())
+        for fut in admin.alter_user_scram_credentials([up]).values():
+            fut.result(30)
+        return self.SCRAM_USER, self.SCRAM_PASSWORD
+
+    def _make_certificates(self) -> Path:
+        """A CA and the broker's certificate for 127.0.0.1; returns the broker's PEM key store (key, then
+        certificate)."""
+        tls = self.workdir / "tls"
+        tls.mkdir(exist_ok=True)
+        ext = tls / "san.cnf"
+        ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for cmd in (
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "7",
+             "-subj", "/CN=chsink test CA"],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "broker.key", "-out", "broker.csr",
+             "-subj", "/CN=127.0.0.1"],
+            ["x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "broker.crt", "-days", "7", "-extfile", str(ext)],
+        ):
+            res = subprocess.run(["openssl", *cmd], cwd=tls, capture_output=True, text=True, timeout=60)
+            if res.returncode != 0:
+                raise TestbedError(f"kafka: openssl {' '.join(cmd)} failed:\n{res.stderr}")
+        store = tls / "broker.pem"
+        store.write_text((tls / "broker.key").read_text() + (tls / "broker.crt").read_text())
+        return store
+
     def _classpath(self) -> str:
         return f"{self.jars}/*"
 
     def prepare(self) -> None:
         props = self.workdir / "server.properties"
+        store = self._make_certificates()
         props.write_text(
             "process.roles=broker,controller\nnode.id=1\n"
             f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}\n"
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}\n"
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}\n"
-            "controller.listener.names=CONTROLLER\n"
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n"
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
+            f"SASL_SSL://127.0.0.1:{self.secure_port}\n"
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.secure_port}\n"
+            "controller.listener.names=CONTROLLER\ninter.broker.listener.name=PLAINTEXT\n"
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL\n"
+            "sasl.enabled.mechanisms=SCRAM-SHA-512\n"
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;\n"
+            f"ssl.keystore.type=PEM\nssl.keystore.location={store}\n"
             f"log.dirs={self.workdir / 'data'}\n"
             "offsets.topic.replication.factor=1\noffsets.topic.num.partitions=4\n"
             "transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n"

@@ -7,26 +7,42 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..config import READ_COMMITTED, KafkaConfig, UnavailableError
+from ..config import READ_COMMITTED, ConfigError, KafkaConfig, UnavailableError
 from ..core.records import Message
 from ..core.state_machine import OffsetRange
 
 
-def admin(cfg: KafkaConfig) -> Any:
+def admin(cfg: KafkaConfig, errors: list[Any] | None = None) -> Any:
+    """An admin client; `errors` collects what librdkafka reports while it tries (a refused password)."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({**cfg.client_options(), "log_level": 0})
+    extra: dict[str, Any] = {"error_cb": errors.append} if errors is not None else {}
+    return AdminClient({**cfg.client_options(), "log_level": 0, **extra})
 
 
 class KafkaUnavailableError(UnavailableError):
     """Kafka did not answer, or the sink's topics do not exist (yet)."""
 
 
+class KafkaRefusedError(ConfigError):
+    """Kafka answered but refused the sink's credentials or the TLS handshake: trying again will not help,
+    changing the options or the secret will."""
+
+
 def topic_partitions(cfg: KafkaConfig, timeout: float = 15.0) -> dict[str, int]:
     """The subscribed topics and their partition counts."""
+    from confluent_kafka import KafkaError
+
+    errors: list[Any] = []
+    client = admin(cfg, errors)
     try:
-        md = admin(cfg).list_topics(timeout=timeout)
+        md = client.list_topics(timeout=timeout)
     except Exception as e:
+        client.poll(0)  # serves the error callbacks
+        refused = next((x for x in errors if x.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)), None)
+        if refused is not None:  # reached, but it refused the credentials or the TLS handshake: not transient
+            raise KafkaRefusedError(f"kafka.options / kafka.secretOptions: Kafka at {cfg.bootstrap_servers} "
+                                    f"refused the connection: {refused.str()}") from None
         raise KafkaUnavailableError(f"cannot reach Kafka at {cfg.bootstrap_servers}: {e}") from None
     if cfg.topic_pattern:
         rx = re.compile(cfg.topic_pattern)

@@ -29,15 +29,19 @@ def chsink_crds(kube):
 
 
 @contextlib.contextmanager
-def kopf_runner(kubeconfig: Path, namespace: str) -> Iterator[Any]:
-    """The operator in-process (KopfRunner) against a kubeconfig, scoped to one namespace."""
+def kopf_runner(kubeconfig: Path, namespace: str | None, peering: str | None = None,
+                env: dict[str, str] | None = None) -> Iterator[Any]:
+    """The operator in-process (KopfRunner) against a kubeconfig, scoped to one namespace (None: the whole
+    cluster), standalone or in a kopf peering, with the install's environment."""
     from kopf.testing import KopfRunner
 
-    old = {k: os.environ.get(k) for k in ("KUBECONFIG", "CHSINK_STATUS_INTERVAL")}
-    os.environ.update(KUBECONFIG=str(kubeconfig), CHSINK_STATUS_INTERVAL="2")
+    extra = {"KUBECONFIG": str(kubeconfig), "CHSINK_STATUS_INTERVAL": "2", **(env or {})}
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    scope = [f"--namespace={namespace}"] if namespace else ["--all-namespaces"]
     try:
-        with KopfRunner(["run", "--standalone", f"--namespace={namespace}", "-m", "sinkoperator.handlers"],
-                        timeout=120) as runner:
+        with KopfRunner(["run", f"--peering={peering}" if peering else "--standalone", *scope,
+                         "-m", "sinkoperator.handlers"], timeout=120) as runner:
             yield runner
     finally:
         for k, v in old.items():

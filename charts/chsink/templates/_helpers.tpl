@@ -27,6 +27,18 @@ app.kubernetes.io/component: operator
 {{- if .Values.watchNamespaces -}}{{ join "," .Values.watchNamespaces }}{{- else -}}{{ .Release.Namespace }}{{- end -}}
 {{- end -}}
 
+{{/* The Spark driver's ClusterRole of a cluster-wide install (the operator binds it in each sink's namespace). */}}
+{{- define "chsink.sparkDriverRole" -}}
+{{ include "chsink.fullname" . }}-spark-driver
+{{- end -}}
+
+{{/* What a Spark driver does: create and delete its executor pods, their headless service and config. */}}
+{{- define "chsink.sparkDriverRules" -}}
+- apiGroups: [""]
+  resources: [pods, services, configmaps, persistentvolumeclaims]
+  verbs: [get, list, watch, create, delete, deletecollection]
+{{- end -}}
+
 {{/* The operator's rules, shared by the ClusterRole (cluster-wide) and the per-namespace Roles. */}}
 {{- define "chsink.operatorRules" -}}
 # its own resources: watched by kopf, patched for finalizers and kopf's progress annotations
