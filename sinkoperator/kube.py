@@ -109,16 +109,17 @@ def ensure_driver_identity(namespace: str, account: str, role: str) -> list[str]
     is never changed."""
     if (namespace, account, role) in _IDENTITIES:
         return []
-    meta = {"name": account, "labels": {"app.kubernetes.io/managed-by": "chsink"}}
-    account_body: Any = {"metadata": meta}
-    binding_body: Any = {"metadata": meta,
+    labels = {"app.kubernetes.io/managed-by": "chsink"}
+    account_body: Any = {"metadata": {"name": account, "labels": labels}}
+    # named after the role, as the chart names it: a roleRef cannot change, and installs differ in roles
+    binding_body: Any = {"metadata": {"name": role, "labels": labels},
                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
                          "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}
     created = []
     objects: list[tuple[str, Any]] = [
         (f"ServiceAccount {namespace}/{account}",
          lambda: client.CoreV1Api().create_namespaced_service_account(namespace, account_body)),
-        (f"RoleBinding {namespace}/{account}",
+        (f"RoleBinding {namespace}/{role}",
          lambda: client.RbacAuthorizationV1Api().create_namespaced_role_binding(namespace, binding_body))]
     for what, create in objects:
         try:

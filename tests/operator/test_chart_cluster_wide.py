@@ -25,8 +25,6 @@ VALUES = REPO / "examples" / "helm" / "ha-monitoring.yaml"
 def wide_install(chsink_crds, ch_factory, tmp_path_factory):
     kube = chsink_crds
     kube.kubectl("create", "namespace", NS, check=False)
-    # other tests' releases in NS bound the same driver account to a Role; a roleRef cannot change
-    kube.kubectl("delete", "rolebinding", "chsink-spark", "-n", NS, "--ignore-not-found")
     docs = template(RELEASE, VALUES)
     kube.kubectl("apply", "--server-side", "-f", "-",
                  input=yaml.safe_dump_all([d for d in docs if d["kind"] == "CustomResourceDefinition"]))
@@ -75,16 +73,17 @@ def test_cluster_wide_peered_operator_serves_a_new_namespace_with_the_driver_ide
     account = app["spec"]["driver"]["serviceAccount"]
     assert account == "chsink-spark"
     assert get(kube, "serviceaccount", account)
-    binding = get(kube, "rolebinding", account)
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": f"{RELEASE}-chsink-spark-driver"}
+    role = f"{RELEASE}-chsink-spark-driver"
+    binding = get(kube, "rolebinding", role)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": SINK_NS}]
     as_driver = f"--as=system:serviceaccount:{SINK_NS}:{account}"
     for verb, res in [("create", "pods"), ("delete", "pods"), ("create", "services"), ("create", "configmaps")]:
         assert kube.kubectl("auth", "can-i", verb, res, "-n", SINK_NS, as_driver).stdout.strip() == "yes"
     assert kube.kubectl("auth", "can-i", "get", "secrets", "-n", SINK_NS, as_driver, check=False).stdout.strip() \
         == "no"
     events = kube.kubectl("get", "events", "-n", SINK_NS, "-o", "yaml").stdout
-    assert "DriverIdentityCreated" in events and f"RoleBinding {SINK_NS}/{account} created" in events
+    assert "DriverIdentityCreated" in events and f"RoleBinding {SINK_NS}/{role} created" in events
     res = kube.kubectl("delete", "clickhousesink", "wide", "-n", SINK_NS, "--wait=true", "--timeout=120s",
                        check=False)
     assert res.returncode == 0, kube.runner.output[-4000:]
