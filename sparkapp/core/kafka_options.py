@@ -75,10 +75,9 @@ def java_consumer_options(options: Mapping[str, str], java_given: Collection[str
     if "ssl.endpoint.identification.algorithm" in opts:  # librdkafka's "none" is Java's empty string
         algo = opts.pop("ssl.endpoint.identification.algorithm")
         out["ssl.endpoint.identification.algorithm"] = "" if algo.lower() == "none" else algo
-    if opts.get("enable.ssl.certificate.verification", "true").lower() == "false":
+    if opts.pop("enable.ssl.certificate.verification", "true").lower() == "false":
         raise KafkaOptionError("enable.ssl.certificate.verification=false: Spark's Java consumer cannot skip "
                                "certificate checks; give the broker's CA as ssl.ca.location instead")
-    opts.pop("enable.ssl.certificate.verification", None)
     bad = sorted(k for k in opts if k in UNTRANSLATED)
     if bad and not java_given:
         what = sorted({UNTRANSLATED[k] for k in bad})

@@ -17,8 +17,7 @@ from typing import Any
 from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, payload, split_block
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import MissingPolicy, OffsetRange, Phase, Plan, StoredState, plan_batch
-from ..edges.insert import InsertError, is_transient
-from ..edges.shards import ShardUnavailableError
+from ..edges.insert import InsertError, first_line, is_transient
 from ..edges.store import DlqPhase, FencedError, PartitionKey, StateConflict, StateRow
 from ..formats.jsoneachrow import LineBatch, guard
 from ..formats.rows import decode_batch
@@ -161,7 +160,7 @@ def _write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
                 if _transient(e):
                     raise
                 log.warning("%s: ClickHouse rejected window %s (%s); decoding it in Python",
-                            pk, w, str(e.__cause__ or e).splitlines()[0][:300])
+                            pk, w, first_line(e.__cause__ or e))
                 _decode_window(ctx, pk, rng, w, retry, messages(), sent, result, place)
         stored = _commit(ctx, pk, rng, retry, result, place)
     return result
@@ -317,8 +316,7 @@ def _send(ctx: WriterContext, pk: PartitionKey, blocks: Sequence[Block | LineBlo
             except InsertError as e:
                 if ctx.shards is None or not _transient(e):
                     raise
-                ctx.shards.health.failed(label, str(e.__cause__).splitlines()[0][:300])
-                raise ShardUnavailableError(label, str(e.__cause__).splitlines()[0][:300]) from e
+                raise ctx.shards.health.failed(label, first_line(e.__cause__ or e)) from e
             if ctx.shards is not None:
                 ctx.shards.health.ok(label)
             result.inserted_rows += sent

@@ -53,9 +53,9 @@ def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Cli
     except ConfigError:
         raise
     except Exception as e:
-        from .insert import is_transient
+        from .insert import first_line, is_transient
 
-        first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        first = first_line(e)
         kind: type[Exception] = EndpointUnreachableError if is_transient(e) else ClickHouseRejectedError
         raise kind(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {first}") from None
 

@@ -52,6 +52,19 @@ def error_code(e: BaseException) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def first_line(e: BaseException) -> str:
+    """An error's first line, bounded: what a log line, a shard's down reason or a status shows."""
+    text = str(e)
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def worth_retrying(e: BaseException) -> bool:
+    """A system that did not answer now (by its type, or by a transient ClickHouse or network error): try later."""
+    from ..config import UnavailableError
+
+    return isinstance(e, UnavailableError) or is_transient(e)
+
+
 def is_transient(e: BaseException) -> bool:
     """Decided by the ClickHouse error code, or by the exception type for errors without one (the network):
     never by words, since a rejected record's own text is quoted in its error."""

@@ -13,9 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..config import UnavailableError
 from ..core.routing import Layout
-from .insert import Inserter, is_transient
+from .insert import Inserter, first_line, worth_retrying
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +45,12 @@ class Health:
                 raise ShardUnavailableError(label, f"{reason} (next try in "
                                                    f"{self.retry_interval_s - (time.monotonic() - tried):.0f}s)")
 
-    def failed(self, label: str, reason: str) -> None:
+    def failed(self, label: str, reason: str) -> ShardUnavailableError:
+        """Marks the shard down; returns the error that stalls the partition which found out."""
         if label not in self.down:
             log.error("shard %s is unavailable: %s; partitions routed to it stall until it answers", label, reason)
         self.down[label] = (time.monotonic(), reason)
+        return ShardUnavailableError(label, reason)
 
     def ok(self, label: str) -> None:
         if self.down.pop(label, None) is not None:
@@ -91,11 +92,9 @@ class ShardSet:
             try:
                 self._inserters[(layout, shard)] = self.make(layout, shard)
             except Exception as e:
-                if not (isinstance(e, UnavailableError) or is_transient(e)):
+                if not worth_retrying(e):
                     raise
-                reason = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-                self.health.failed(label, reason)
-                raise ShardUnavailableError(label, reason) from None
+                raise self.health.failed(label, first_line(e)) from None
         return self._inserters[(layout, shard)]
 
     def shards_of(self, layout: int, shard: int) -> list[int]:

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import metrics
-from ..config import ConfigError, SinkConfig, UnavailableError
+from ..config import ConfigError, SinkConfig
 from ..delivery.context import PartitionOutcome
 from ..delivery.runtime import Runtime, starting_offsets
 from ..edges.clickhouse import clickhouse_client, load_schema
 from ..edges.dlq import KafkaDeadLetterSink
-from ..edges.insert import is_transient, unsafe_target
+from ..edges.insert import first_line, unsafe_target, worth_retrying
 from ..edges.kafka import all_watermarks, topic_partitions
 from ..edges.store import FencedError, resume_positions, state_store
 from .batches import deliver, executor_fn, guarded, outcome_ddl, partition_slices
@@ -237,9 +237,9 @@ class SinkJob:
             rt = self.writer.runtime()
             starts = resume_positions(rt.store.list_sink(self.cfg.name))  # one read for all stalled partitions
         except Exception as e:
-            if not (isinstance(e, UnavailableError) or is_transient(e)):
+            if not worth_retrying(e):
                 raise
-            log.warning("catch-up of %d stalled partition(s) waits: %s", len(self.stalled), str(e).splitlines()[0])
+            log.warning("catch-up of %d stalled partition(s) waits: %s", len(self.stalled), first_line(e))
             return
 
         def one(t: str, p: int, upto: int) -> PartitionOutcome:
