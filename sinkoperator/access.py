@@ -13,6 +13,11 @@ from .kube import secret_values
 from .model import SinkSpec
 from .render import secret_refs, sink_config
 
+# The operator's own ClickHouse calls read a few state rows. They must not wait out the sink's
+# requestTimeoutSeconds (sized for the job's large inserts): a server that hangs without a reset would hold
+# the sink's reconcile, and a spec fix behind it, for minutes.
+OPERATOR_REQUEST_TIMEOUT_S = 15
+
 
 def operator_config(namespace: str, name: str, spec: SinkSpec,
                     status: Mapping[str, Any] | None = None) -> SinkConfig:
@@ -26,6 +31,8 @@ def operator_config(namespace: str, name: str, spec: SinkSpec,
 
 
 def open_store(cfg: SinkConfig) -> StateStore:
-    store = state_store(cfg, clickhouse_client(cfg.clickhouse))
+    ch = cfg.clickhouse.model_copy(update={"request_timeout_s": min(cfg.clickhouse.request_timeout_s,
+                                                                     OPERATOR_REQUEST_TIMEOUT_S)})
+    store = state_store(cfg, clickhouse_client(ch))
     store.ensure_schema()
     return store

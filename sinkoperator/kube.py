@@ -14,11 +14,26 @@ from kubernetes.client.exceptions import ApiException
 from .spec import GROUP, HASH_ANNOTATION, PLURAL, SPARK, VERSION
 
 
+class SparkOperatorMissingError(Exception):
+    """The API server does not serve SparkApplications: the spark-operator (its CRDs) is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__(f"the SparkApplication API ({SPARK[0]}/{SPARK[1]}) is not installed: install the "
+                         "spark-operator (its CRDs), then the sink is deployed")
+
+
+def _api_missing(e: ApiException) -> bool:
+    """A 404 for an API the server does not serve has a plain-text body; a missing object's is a JSON Status."""
+    return e.status == 404 and not (e.body or "").lstrip().startswith("{")
+
+
 def get_app(namespace: str, name: str) -> dict[str, Any] | None:
     try:
         app = client.CustomObjectsApi().get_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name)
         return app if isinstance(app, dict) else None
     except ApiException as e:
+        if _api_missing(e):
+            raise SparkOperatorMissingError() from None
         if e.status == 404:
             return None
         raise
@@ -91,7 +106,7 @@ def delete_app(namespace: str, name: str, wait_s: float = 0) -> bool:
     except ApiException as e:
         if e.status != 404:
             raise
-        return False
+        return False  # gone, or the API itself is (then no application exists either)
     deadline = time.monotonic() + wait_s
     while wait_s and get_app(namespace, name) is not None:
         if time.monotonic() > deadline:
@@ -148,7 +163,8 @@ def secret_values(namespace: str, refs: list[tuple[str, dict[str, Any]]]) -> dic
             try:
                 secrets[ref["name"]] = core.read_namespaced_secret(ref["name"], namespace).data or {}
             except ApiException as e:
-                why = {404: "it does not exist", 403: "the operator may not read it (RBAC)"}.get(
+                why = {404: "it does not exist",
+                       403: "the operator may not read it (RBAC: add it to the chart's rbac.secretNames)"}.get(
                     e.status, f"{e.status} {e.reason}")
                 raise SecretUnavailableError(f"{field}: cannot read Secret {namespace}/{ref['name']}: {why}") \
                     from None

@@ -13,9 +13,9 @@ from sparkapp.config import ConfigError
 from sparkapp.edges.clickhouse import ClickHouseRejectedError, EndpointUnreachableError
 from sparkapp.edges.kafka import KafkaRefusedError, KafkaUnavailableError
 
-from .kube import SecretUnavailableError
+from .kube import SecretUnavailableError, SparkOperatorMissingError
 from .lifecycle import Problem
-from .spec import SPARK, Reason
+from .spec import Reason
 
 
 def invalid_spec(e: ConfigError) -> Problem:
@@ -34,6 +34,8 @@ _OBJECT_ADDRESS = re.compile(r" (object )?at 0x[0-9a-fA-F]+")
 def _classify(e: BaseException) -> Problem:
     if isinstance(e, SecretUnavailableError):
         return Problem(Reason.SECRET_UNAVAILABLE, str(e))
+    if isinstance(e, SparkOperatorMissingError):
+        return Problem(Reason.SPARK_OPERATOR_MISSING, str(e))
     if isinstance(e, (KafkaUnavailableError, KafkaRefusedError)):  # a Secret's new password helps, so retried
         return Problem(Reason.KAFKA_UNAVAILABLE, f"spec.kafka: {e}")
     if isinstance(e, (EndpointUnreachableError, ClickHouseRejectedError)) or \
@@ -41,10 +43,6 @@ def _classify(e: BaseException) -> Problem:
         return Problem(Reason.CLICKHOUSE_UNAVAILABLE, f"spec.clickhouse: {e}")
     if isinstance(e, ApiException):
         what = _api_message(e)
-        if e.status == 404 and SPARK[2] in what:
-            return Problem(Reason.SPARK_OPERATOR_MISSING,
-                           f"the SparkApplication API ({SPARK[0]}/{SPARK[1]}) is not installed: install the "
-                           f"spark-operator (its CRDs), then the sink is deployed ({what})")
         if e.status == 403:
             return Problem(Reason.FORBIDDEN, f"the operator's ServiceAccount may not do this: {what}")
         return Problem(Reason.RECONCILE_FAILED, f"Kubernetes API {e.status} {e.reason}: {what}")

@@ -151,6 +151,22 @@ def kube(testbed_dir: Path) -> Iterator[Kube]:
 
 
 @pytest.fixture(scope="session")
+def empty_cluster(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Any]:
+    """A second API server on the session's etcd under its own prefix: a cluster as a new user has it,
+    with nothing installed (no CRDs, no spark-operator), for a few seconds' start instead of another etcd."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def start(name: str) -> Iterator[KubeApiServer]:
+        with KubeApiServer(tmp_path_factory.mktemp(f"apiserver-{name}"), kube.api.etcd,
+                           etcd_prefix=f"/{name}") as api:
+            assert isinstance(api, KubeApiServer)
+            yield api
+
+    return start
+
+
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     session = spark_session()
     yield session

@@ -1,5 +1,6 @@
 """A loopback TCP relay that can be cut and restored: a real network outage for a client (connections refused
-while down, open connections reset), in front of a real server."""
+while down, open connections reset), or a hang (connections accepted, nothing answered), in front of a real
+server."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class TcpRelay:
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._hung = threading.Event()
 
     def up(self) -> TcpRelay:
         ls = socket.socket()
@@ -45,6 +47,14 @@ class TcpRelay:
                 c.shutdown(socket.SHUT_RDWR)
             c.close()
 
+    def hang(self) -> None:
+        """Connections stay open and new ones are accepted, but nothing reaches the server: a peer that
+        stopped answering without a reset, which only a client's own timeout notices."""
+        self._hung.set()
+
+    def resume(self) -> None:
+        self._hung.clear()
+
     def _accept(self, ls: socket.socket) -> None:
         while True:
             try:
@@ -62,11 +72,11 @@ class TcpRelay:
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if not self._hung.is_set():
+                    dst.sendall(data)
         except OSError:
             pass
         finally:

@@ -304,9 +304,11 @@ class KubeApiServer(ManagedProcess):
     name = "kube-apiserver"
     admin_token = "chsink-admin-token"
 
-    def __init__(self, workdir: Path, etcd: Etcd) -> None:
+    def __init__(self, workdir: Path, etcd: Etcd, etcd_prefix: str = "/registry") -> None:
+        """etcd_prefix: a second, empty cluster on the session's etcd (cheaper than another etcd)."""
         super().__init__(workdir)
         self.etcd = etcd
+        self.etcd_prefix = etcd_prefix
         self.port = free_port()
         self.bindir = cached(f"k8s-{versions()['K8S_VERSION']}") / "bin"
 
@@ -329,7 +331,7 @@ class KubeApiServer(ManagedProcess):
 
     def command(self) -> list[str]:
         return [
-            str(self.bindir / "kube-apiserver"), f"--etcd-servers={self.etcd.url}",
+            str(self.bindir / "kube-apiserver"), f"--etcd-servers={self.etcd.url}", f"--etcd-prefix={self.etcd_prefix}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
             f"--cert-dir={self.workdir / 'certs'}", f"--token-auth-file={self.workdir / 'tokens.csv'}",
             "--authorization-mode=RBAC", "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",

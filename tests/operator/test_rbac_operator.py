@@ -4,6 +4,7 @@ and does its whole job there: proof that the chart's least-privilege rules are a
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import yaml
@@ -65,6 +66,44 @@ def test_operator_with_chart_rbac_renders_reports_and_finalizes(operator_as_char
     res = kube.kubectl("delete", "clickhousesink", "rbac", "-n", WATCHED, "--wait=true", "--timeout=120s", check=False)
     assert res.returncode == 0, kube.runner.output[-4000:]
     assert get_ns(kube, "sparkapplication", "chsink-rbac") is None
+
+
+def test_a_secret_the_chart_does_not_grant_is_named_with_the_value_that_grants_it(operator_as_chart_sa, kafka, topic,
+                                                                                  ch_dsn, ch_db):
+    """A 403 on a Secret (the chart's rbac.secretNames leaves it out) is a condition and an Event naming the
+    field, the Secret and the chart value; pointing the sink at a granted Secret recovers it untouched."""
+    kube = operator_as_chart_sa
+    _, db = ch_db
+    for secret in ("ch-creds", "other-creds"):
+        kube.kubectl("create", "secret", "generic", secret, "-n", WATCHED, "--from-literal=password=x", check=False)
+
+    def apply(secret: str) -> None:
+        cr = {"apiVersion": "chsink.io/v1alpha1", "kind": "ClickHouseSink",
+              "metadata": {"name": "denied", "namespace": WATCHED},
+              "spec": {"kafka": {"bootstrapServers": kafka.bootstrap, "topics": [topic(1)]},
+                       "clickhouse": {"shards": [{"endpoint": ch_dsn}], "database": db, "tables": {"*": "events"},
+                                      "credentialsSecretRef": {"name": secret}},
+                       "exactlyOnce": {"engine": "KeeperMap", "keeperPath": f"/denied_{db}"},
+                       "checkpointLocation": "/tmp/chsink-denied-checkpoint"}}
+        kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+
+    def degraded():
+        conds = (get_ns(kube, "clickhousesink", "denied") or {}).get("status", {}).get("conditions", [])
+        return next((c for c in conds if c["type"] == "Degraded"), {})
+
+    apply("other-creds")
+    cond = wait_for("SecretUnavailable", lambda: (c := degraded()).get("reason") == "SecretUnavailable" and c)
+    assert cond["message"] == ("spec.clickhouse.credentialsSecretRef: cannot read Secret rbac-data/other-creds: "
+                               "the operator may not read it (RBAC: add it to the chart's rbac.secretNames)"), cond
+    events = kube.kubectl("get", "events", "-n", WATCHED, "-o", "json", "--field-selector",
+                          "involvedObject.name=denied,type=Warning,reason=SecretUnavailable").stdout
+    assert "rbac-data/other-creds" in events
+    print("\n--- a Secret the operator may not read (before)\n"
+          + kube.kubectl("get", "chs", "denied", "-n", WATCHED).stdout, file=sys.__stdout__)
+    apply("ch-creds")
+    wait_for("recovered", lambda: degraded().get("status") == "False", timeout=30)
+    assert wait_for("the job", lambda: get_ns(kube, "sparkapplication", "chsink-denied"))
+    kube.kubectl("delete", "clickhousesink", "denied", "-n", WATCHED, "--wait=true", "--timeout=120s")
 
 
 def get_ns(kube, kind: str, name: str):

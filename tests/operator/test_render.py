@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,7 @@ def test_semantic_mistakes_are_refused_at_apply_time(chsink_crds, path, value, n
     cr["metadata"]["name"] = "semantic"
     res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(cr), check=False)
     assert res.returncode != 0 and needle in res.stderr, res.stderr
+    print(f"\n--- kubectl apply, spec.{'.'.join(path)}: {value!r}\n{res.stderr}", file=sys.__stdout__)
 
 
 def test_a_name_too_long_for_its_objects_is_refused_at_apply_time(chsink_crds):
@@ -147,3 +149,4 @@ def test_a_name_too_long_for_its_objects_is_refused_at_apply_time(chsink_crds):
     cr["metadata"]["name"] = "n" * 50
     res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(cr), check=False)
     assert res.returncode != 0 and "metadata.name: at most 45 characters" in res.stderr, res.stderr
+    print(f"\n--- kubectl apply, a 50-character name\n{res.stderr}", file=sys.__stdout__)

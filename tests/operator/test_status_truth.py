@@ -58,6 +58,7 @@ def hsink(operator, kafka, topic, clickhouse_server, tmp_path):
 
     s = {"name": name, "kube": operator, "apply": apply, "relay": relay, "topic": src, "db": db}
     yield s
+    relay.resume()
     if not relay.is_up:
         relay.up()
     operator.kubectl("delete", "clickhousesink", name, "--ignore-not-found", "--wait=true", "--timeout=90s",
@@ -113,6 +114,31 @@ def test_a_clickhouse_outage_during_a_spec_change_is_retried_never_invalid(hsink
     wait_for("not degraded", lambda: condition(s, "Degraded").get("status") == "False", timeout=30)
     assert time.monotonic() - t0 < 30
     show(s, "ClickHouse back (after)")
+
+
+def test_a_clickhouse_that_hangs_holds_the_sink_for_seconds_not_its_request_timeout(hsink):
+    """A server that accepts and never answers (no reset): the operator's own calls give up long before the
+    sink's requestTimeoutSeconds (meant for large inserts), so the sink says so and takes a fix at once."""
+    s = hsink
+    s["apply"](clickhouse={"shards": [{"endpoint": f"http://127.0.0.1:{s['relay'].port}"}], "database": s["db"],
+                           "tables": {"*": "events"}, "requestTimeoutSeconds": 600})
+    wait_for("app", lambda: app_of(s))
+    report(s, "RUNNING")
+    wait_for("Ready", lambda: condition(s, "Ready").get("status") == "True")
+    s["relay"].hang()
+    t0 = time.monotonic()
+    second = {"endpoint": f"http://127.0.0.1:{s['relay'].port}", "database": f"{s['db']}_b"}
+    s["apply"](clickhouse={"shards": [{"endpoint": f"http://127.0.0.1:{s['relay'].port}"}, second],
+                           "database": s["db"], "tables": {"*": "events"}, "requestTimeoutSeconds": 600})
+    cond = wait_for("Degraded", lambda: (c := condition(s, "Degraded")).get("status") == "True" and c, timeout=90)
+    assert cond["reason"] == "ClickHouseUnavailable" and "spec.clickhouse" in cond["message"], cond
+    assert time.monotonic() - t0 < 60, "held for the request timeout"
+    assert condition(s, "Ready")["status"] == "False"
+    show(s, "ClickHouse hangs without a reset (before)")
+    s["relay"].resume()
+    wait_for("the plan once ClickHouse answers", lambda: cr_status(s).get("rebalance"), timeout=60)
+    wait_for("not degraded", lambda: condition(s, "Degraded").get("status") == "False", timeout=60)
+    show(s, "ClickHouse answers again (after)")
 
 
 def test_a_host_that_does_not_resolve_is_never_ready(hsink):

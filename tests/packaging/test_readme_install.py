@@ -1,0 +1,62 @@
+"""README's install commands, run as written with helm and kubectl on an empty cluster (a new user's view):
+scoped and cluster-wide, a retry of the helm line, and a missing watched namespace refused before anything is
+created."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+from hack.testbed.process import REPO, cached, versions
+from hack.testbed.servers import KubeApiServer
+
+SET_LINE = re.compile(r"^\s*--set 'watchNamespaces=\{data\}'.*$", re.M)
+
+
+def readme_install_block() -> str:
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Installing with Helm"):]
+    start = section.index("```\n") + 4
+    return section[start:section.index("\n```", start)] + "\n"
+
+
+def sh(api: KubeApiServer, script: str) -> subprocess.CompletedProcess[str]:
+    """The script in bash from the repository root, with the test bed's helm and kubectl first on PATH."""
+    path = os.pathsep.join([str(cached(f"helm-{versions()['HELM_VERSION']}") / "bin"), str(api.bindir),
+                            os.environ["PATH"]])
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PATH=path, KUBECONFIG=str(api.kubeconfig)))
+
+
+def test_the_readme_install_commands_run_as_written(empty_cluster):
+    block = readme_install_block()
+    lines = block.splitlines()
+    assert lines[0].startswith("kubectl create namespace data") and "helm upgrade --install" in lines[1], block
+    helm_line = "\n".join(lines[1:3]) + "\n"
+    with empty_cluster("readme") as api:
+        def ok(script: str) -> str:
+            res = sh(api, script)
+            assert res.returncode == 0, f"{script}\n{res.stdout}\n{res.stderr}"
+            return res.stdout
+
+        missing = sh(api, helm_line)  # the helm line before the namespace exists
+        assert missing.returncode != 0
+        assert 'watchNamespaces: namespace "data" does not exist; create it first' in missing.stderr, missing.stderr
+        assert ok("helm list -a -q -n chsink-system").strip() == "", "a failed release was left behind"
+
+        ok(block)
+        assert "deployed" in ok("helm status chsink -n chsink-system")
+        assert ok("kubectl get serviceaccount chsink-spark -n data -o name") == "serviceaccount/chsink-spark\n"
+        assert ok("kubectl get clickhousesinks -n data -o name").strip()
+        ok(helm_line)  # a retry is an upgrade
+        assert "REVISION: 2" in ok("helm status chsink -n chsink-system")
+        ok("helm uninstall chsink -n chsink-system --wait && kubectl delete clickhousesinks --all -n data")
+
+        wide = SET_LINE.sub("", "\n".join(lines[1:])) + "\n"  # "omit for a cluster-wide install"
+        assert "watchNamespaces" not in wide
+        ok(wide)
+        roles = ok("kubectl get clusterroles -o name")
+        assert "clusterrole.rbac.authorization.k8s.io/chsink-spark-driver" in roles.splitlines(), roles
+        assert ok("kubectl get clickhousesinks -n data -o name").strip()
+        ok("helm uninstall chsink -n chsink-system --wait")
