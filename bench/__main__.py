@@ -119,9 +119,11 @@ def _sample(proc: subprocess.Popen[bytes] | None) -> RssSampler | None:
 
 
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
-            block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None) -> dict[str, Any]:
+            block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None,
+            dlq: str | None = None) -> dict[str, Any]:
     """(c)/(d): the real job (`python -m sparkapp run`) on its own chdb; (e)/(f) with `server`: over HTTP to
-    that ClickHouse server, in a database of its own; until the topic is drained."""
+    that ClickHouse server, in a database of its own; until the topic is drained. `dlq`: bad records go there
+    (the dirty-data runs)."""
     chdb = work / "chdb"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -142,7 +144,7 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
            "state": {"engine": "EmbeddedRocksDB", "enabled": exactly_once},
            "batching": {"maxOffsetsPerTrigger": max_offsets, "blockOffsets": block_offsets,
                         "triggerInterval": "0 seconds"},
-           "checkpointLocation": str(work / "checkpoint")}
+           "checkpointLocation": str(work / "checkpoint"), **({"dlq": {"topic": dlq}} if dlq else {})}
     (work / "sink.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = work / "job.log"
@@ -250,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
     ap.add_argument("--sweep", default="25000,100000,400000", help="maxOffsetsPerTrigger values for the chart")
     ap.add_argument("--sweep-events", type=int, default=800_000)
+    ap.add_argument("--dirty", type=float, default=0.005, help="bad records' share in the dirty-data runs")
+    ap.add_argument("--no-peers", action="store_true", help="leave the peers out")
     ap.add_argument("--quick", action="store_true", help="a small smoke run (tests use it)")
     ap.add_argument("--profile", action="store_true", help="also record (c) under py-spy (a speedscope file)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -267,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
             topic, small = "bench", "bench-sweep"
             kafka.create_topic(topic, a.partitions)
             kafka.create_topic(small, a.partitions)
-            say(f"producing {a.events:,} events over {a.partitions} partitions")
+            for t in ("bench-dirty", "bench-dlq"):
+                kafka.create_topic(t, a.partitions if t == "bench-dirty" else 1)
+            say(f"producing {a.events:,} events over {a.partitions} partitions, clean and {a.dirty:.1%} dirty")
             size = produce(kafka.bootstrap, topic, a.events, a.partitions)
+            produce(kafka.bootstrap, "bench-dirty", a.events, a.partitions, dirty=a.dirty)
             if sweep:
                 produce(kafka.bootstrap, small, a.sweep_events, a.partitions)
             say("(a) Spark's Kafka source alone")
@@ -280,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                             out / "profile-c.speedscope.json" if a.profile else None)
             say(f"    {res_c['rows_per_s']:,.0f} rows/s; (d) the job, at-least-once")
             res_d = run_job(work / "d", kafka, topic, a.events, a.batch, False, a.block)
+            say(f"    {res_d['rows_per_s']:,.0f} rows/s; (c) and (d) on dirty data")
+            dirty = {key: run_job(work / f"{key}_dirty", kafka, "bench-dirty", a.events, a.batch, eo, a.block,
+                                  dlq="bench-dlq") for key, eo in (("c", True), ("d", False))}
             with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
                 assert isinstance(server, ClickHouseServer)
                 say(f"    {res_d['rows_per_s']:,.0f} rows/s; (e) exactly-once over HTTP, executors writing")
@@ -287,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"    {res_e['rows_per_s']:,.0f} rows/s; (f) at-least-once over HTTP")
                 res_f = run_job(work / "f", kafka, topic, a.events, a.batch, False, a.block, server=server)
                 say(f"    {res_f['rows_per_s']:,.0f} rows/s; peers on the same topic, table and server")
-                res_peers = run_peers(work, kafka, topic, a.events, server)
+                res_peers = {} if a.no_peers else run_peers(work, kafka, topic, a.events, server)
             say(f"sweep over maxOffsetsPerTrigger {sweep}")
             swept: dict[str, list[dict[str, Any]]] = {"c": [], "d": []}
             for m in sweep:
@@ -299,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions, "cores": cores,
         "mean_value_bytes": round(size, 1), "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
         "a": res_a, "b": res_b, "c": res_c, "d": res_d, "e": res_e, "f": res_f, **res_peers, "sweep": swept,
+        "dirty_share": a.dirty, "c_dirty": dirty["c"], "d_dirty": dirty["d"],
+        "ratio_c_dirty_clean": dirty["c"]["rows_per_s"] / c,
+        "ratio_d_dirty_clean": dirty["d"]["rows_per_s"] / res_d["rows_per_s"],
+        "ratio_c_d_dirty": dirty["c"]["rows_per_s"] / dirty["d"]["rows_per_s"],
         "rows_per_s": c, "rows_per_s_per_core": c / cores,
         "ratio_c_a": c / res_a["rows_per_s"], "ratio_c_b": c / res_b["rows_per_s"],
         "ratio_c_d": c / res_d["rows_per_s"],
@@ -308,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         **{f"ratio_{mine}_{k}": r["rows_per_s"] / p["rows_per_s"]  # chsink over HTTP against each peer
            for k, p in res_peers.items() if "rows_per_s" in p for mine, r in (("e", res_e), ("f", res_f))},
         "targets": {"ratio_c_d>=0.95": c / res_d["rows_per_s"] >= 0.95,
+                    "ratio_c_dirty_clean>=0.9": dirty["c"]["rows_per_s"] / c >= 0.9,
                     "ratio_c_min_ab>=0.5": c / min(res_a["rows_per_s"], res_b["rows_per_s"]) >= 0.5,
                     "rows_per_s_per_core>=100000": c / cores >= 100_000},
         "quick": a.quick,

@@ -32,12 +32,31 @@ def event(rnd: random.Random, i: int) -> dict[str, Any]:
     }
 
 
-def encoded(rnd: random.Random, i: int) -> bytes:
-    return json.dumps(event(rnd, i), separators=(",", ":")).encode()
+# Bad records of every kind the sink meets, each dead-lettered with the decoder's reason: values ClickHouse
+# refuses (a string in a number, a date it cannot read), values it would alter (too many digits, null in a
+# non-Nullable column, a Decimal with two dots), and records that are no JSON object at all.
+BAD: list[Any] = [
+    lambda e: {**e, "user_id": "not-a-number"},
+    lambda e: {**e, "ts": "yesterday"},
+    lambda e: {**e, "user_id": 10**30},
+    lambda e: {**e, "id": None},
+    lambda e: {**e, "amount": "1.2.3"},
+    lambda e: b"{" + json.dumps(e).encode()[:40],
+    lambda e: [e],
+]
 
 
-def produce(bootstrap: str, topic: str, n: int, partitions: int, seed: int = 7) -> float:
-    """Produces n events round-robin over the partitions; returns the mean value size in bytes."""
+def encoded(rnd: random.Random, i: int, dirty: float = 0.0) -> bytes:
+    e = event(rnd, i)
+    if dirty and rnd.random() < dirty:
+        bad = BAD[i % len(BAD)](e)
+        return bad if isinstance(bad, bytes) else json.dumps(bad, separators=(",", ":")).encode()
+    return json.dumps(e, separators=(",", ":")).encode()
+
+
+def produce(bootstrap: str, topic: str, n: int, partitions: int, seed: int = 7, dirty: float = 0.0) -> float:
+    """Produces n events round-robin over the partitions (a `dirty` fraction of them bad records, spread over
+    every partition); returns the mean value size in bytes."""
     from confluent_kafka import Producer
 
     rnd = random.Random(seed)
@@ -45,7 +64,7 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int, seed: int = 7) 
                   "compression.type": "lz4", "queue.buffering.max.messages": 2_000_000, "log_level": 0})
     size = 0
     for i in range(n):
-        v = encoded(rnd, i)
+        v = encoded(rnd, i, dirty)
         size += len(v)
         while True:
             try:

@@ -103,5 +103,5 @@ def line_batch(messages: list[Message], columns: tuple[str, ...]):
     from sparkapp.formats.jsoneachrow import LineBatch, build_lines
 
     lines = build_lines(messages_table(messages), columns, 8 << 20)
-    odd = [m for m, line in zip(messages, lines.to_pylist(), strict=True) if line is None]
-    return LineBatch([m.offset for m in messages], lines, lambda: list(messages), lambda: odd)
+    return LineBatch([m.offset for m in messages], lines, lambda: list(messages),
+                     lambda at: [m for m in messages if m.offset in set(at)])

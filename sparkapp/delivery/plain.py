@@ -5,15 +5,17 @@ selects it with `state.enabled: false`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..core.blocks import LineBlock, build_blocks, payload
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import Case, OffsetRange
 from ..edges.insert import InsertError
 from ..edges.store import PartitionKey
-from ..formats.jsoneachrow import LineBatch, guard
+from ..formats.jsoneachrow import Guard, LineBatch, guard
 from ..formats.rows import decode_batch
 from .context import PartitionResult, WriterContext, ordered, require_dlq
+from .sift import send_window
 
 
 def _send_dead(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> None:
@@ -46,14 +48,28 @@ def write_plain_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
     suspect = guard(ctx.inserter.schema)
     sent = {d.message.offset for d in known_dead}
     for w, offsets, lines in batch.windows(rng, ctx.block_offsets):
-        try:
-            if suspect.suspect(lines):  # values ClickHouse would alter: the decoder decides, as exactly-once
-                raise InsertError("window may hold values ClickHouse's parser alters")
-            ctx.inserter.insert(LineBlock(w, "", payload(lines), offsets, lines))
-            result.inserted_rows += len(offsets)
-        except InsertError:
+        if not _lines_window(ctx, pk, batch, w, offsets, lines, suspect, sent, result):
             window = [m for m in ordered(batch.messages()) if m.offset in w and m.offset not in sent]
-            done = write_plain(ctx, pk, window)
-            result.inserted_rows += done.inserted_rows
-            result.dead_lettered += done.dead_lettered
+            rest = write_plain(ctx, pk, window)
+            result.inserted_rows += rest.inserted_rows
+            result.dead_lettered += rest.dead_lettered
     return result
+
+
+def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch, w: OffsetRange, offsets: tuple[int, ...],
+                  lines: Any, suspect: Guard, sent: set[int], result: PartitionResult) -> bool:
+    """The bad records sifted out as exactly-once does (its baseline does the same work); False: decode it."""
+    def send(offs: tuple[int, ...], ls: Any) -> None:
+        ctx.inserter.insert(LineBlock(w, "", payload(ls), offs, ls))
+        result.inserted_rows += len(offs)
+
+    def dead_letter(dead: list[DeadLetter]) -> None:
+        _send_dead(ctx, pk, dead)
+        result.dead_lettered += len(dead)
+        sent.update(d.message.offset for d in dead)
+
+    try:
+        return send_window(offsets, lines, suspect.flagged(lines), decode=ctx.decode, take=batch.take,
+                           refused=ctx.inserter.refused, send=send, dead_letter=dead_letter)
+    except InsertError:
+        return False

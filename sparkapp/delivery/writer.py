@@ -17,12 +17,13 @@ from typing import Any
 from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, payload, split_block
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import MissingPolicy, OffsetRange, Phase, Plan, StoredState, plan_batch
-from ..edges.insert import InsertError, first_line, is_transient
+from ..edges.insert import InsertError, first_line
 from ..edges.store import DlqPhase, FencedError, PartitionKey, StateConflict, StateRow
-from ..formats.jsoneachrow import LineBatch, guard
+from ..formats.jsoneachrow import Guard, LineBatch, guard
 from ..formats.rows import decode_batch
 from .context import DataLossError, PartitionResult, WriterContext, ordered, require_dlq
 from .plain import write_plain, write_plain_lines
+from .sift import send_window
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,11 @@ def _write_decoded(ctx: WriterContext, pk: PartitionKey, msgs: list[Message], re
 def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> PartitionResult:
     """The fast path of write_partition: same plan, windows and tokens, but ClickHouse parses the records.
 
-    Records that are not JSON objects are decoded in Python (they come as dead letters with the
-    decoder's reason); anything else unusual (a stored range to re-read, a window ClickHouse rejects)
-    takes the decoding path. Every choice depends only on the records, so a retry chooses alike.
+    Records that are not JSON objects, and in each window the lines ClickHouse refuses or could alter,
+    are decoded in Python alone (they come as dead letters with the decoder's reason; sift.py); a stored
+    range to re-read, or a flagged record the decoder keeps, takes the decoding path. Every choice
+    depends only on the records, and each window's block holds what the decoder accepts, so a retry on
+    either path sends the same blocks.
     """
     if not batch.offsets:
         return write_partition(ctx, pk, [])
@@ -150,20 +153,32 @@ def _write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
         ctx.store.check_fence(pk, ctx.epoch)
         sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
         for w, offsets, lines in batch.windows(rng, place.block_offsets):
-            if suspect.suspect(lines):
-                _decode_window(ctx, pk, rng, w, retry, messages(), sent, result, place)
-                continue
-            block = LineBlock(w, _token(pk, w, place.shard), payload(lines), offsets, lines, place.shard)
-            try:
-                _send(ctx, pk, [block], retry, result, place)
-            except InsertError as e:
-                if _transient(e):
-                    raise
-                log.warning("%s: ClickHouse rejected window %s (%s); decoding it in Python",
-                            pk, w, first_line(e.__cause__ or e))
-                _decode_window(ctx, pk, rng, w, retry, messages(), sent, result, place)
+            _lines_window(ctx, pk, batch, (rng, w, retry, place), offsets, lines, suspect, messages, sent, result)
         stored = _commit(ctx, pk, rng, retry, result, place)
     return result
+
+
+def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
+                  where: tuple[OffsetRange, OffsetRange, bool, Placement], offsets: tuple[int, ...], lines: Any,
+                  suspect: Guard, messages: Callable[[], list[Message]], sent: set[int],
+                  result: PartitionResult) -> None:
+    """One window of the fast path (`where`: its range, the window, whether a retry, its placement): its
+    bad records sifted out, or the whole window through the decoder."""
+    rng, w, retry, place = where
+
+    def send(offs: tuple[int, ...], ls: Any) -> None:
+        block = LineBlock(w, _token(pk, w, place.shard), payload(ls), offs, ls, place.shard)
+        _send(ctx, pk, [block], retry, result, place)
+
+    def dead_letter(dead: list[DeadLetter]) -> None:
+        _dead_letter(ctx, pk, dead)
+        result.dead_lettered += len(dead)
+        sent.update(d.message.offset for d in dead)
+
+    if not send_window(offsets, lines, suspect.flagged(lines), decode=ctx.decode, take=batch.take,
+                       refused=ctx.inserter.refused, send=send, dead_letter=dead_letter):
+        log.info("%s: window %s takes the decoder", pk, w)
+        _decode_window(ctx, pk, rng, w, retry, messages(), sent, result, place)
 
 
 def _decode_window(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, w: OffsetRange, retry: bool,
@@ -172,11 +187,6 @@ def _decode_window(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, w: Of
     or could alter is decided by the decoder alone, window by window, so the outcome is the decoding path's."""
     rows, dead = decode_batch(ctx.decode, [m for m in msgs if m.offset in w and m.offset not in sent])
     _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, place, since=w.min, until=w.max)
-
-
-def _transient(e: InsertError) -> bool:
-    """Whether the insert failed for a reason that passes (an outage), not for what it carried."""
-    return isinstance(e.__cause__, Exception) and is_transient(e.__cause__)
 
 
 def _token(pk: PartitionKey, w: OffsetRange, shard: int) -> str:
@@ -314,7 +324,7 @@ def _send(ctx: WriterContext, pk: PartitionKey, blocks: Sequence[Block | LineBlo
                 else:
                     sent = inserter.insert(sub, (pk.topic, pk.partition))
             except InsertError as e:
-                if ctx.shards is None or not _transient(e):
+                if ctx.shards is None or not e.transient:
                     raise
                 raise ctx.shards.health.failed(label, first_line(e.__cause__ or e)) from e
             if ctx.shards is not None:

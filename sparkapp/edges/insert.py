@@ -42,6 +42,11 @@ PINNED = {"async_insert": 0, "insert_deduplicate": 1, "deduplicate_blocks_in_dep
 class InsertError(RuntimeError):
     """An insert failed permanently or ran out of retries."""
 
+    @property
+    def transient(self) -> bool:
+        """Whether it failed for a reason that passes (an outage), not for what it carried."""
+        return isinstance(self.__cause__, Exception) and is_transient(self.__cause__)
+
 
 def error_code(e: BaseException) -> int | None:
     """The ClickHouse error code of an exception (its first `Code: N`), None when it carries none."""
@@ -233,6 +238,36 @@ class Inserter:
             return self._send(replace(block, token=token, payload=payload(lines), offsets=offsets, lines=lines))
         return self._send(replace(block, token=token, data=tuple([col[i] for i in keep] for col in block.data),
                                   offsets=offsets))
+
+    def refused(self, lines: Any) -> list[int]:
+        """The indexes of the JSON lines ClickHouse's parser refuses under the insert's settings: one read of
+        them all with errors skipped (`format()`, nothing is written), each line tagged with its index. Empty
+        when it refuses none (an insert failed for another reason) or the read itself fails."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(lines)
+        try:
+            index = pc.cast(pa.array(np.arange(n)), pa.string())
+            tagged = pc.binary_join_element_wise('{"_chsink_line":', index, ",",
+                                                 pc.replace_substring(lines, "{", "", max_replacements=1), "")
+            for a, b in (("\\", "\\\\"), ("'", "\\'")):  # a SQL string literal
+                tagged = pc.replace_substring(tagged, a, b)
+            data = bytes(payload(tagged)).decode()
+            columns = ", ".join(f"`{c.name}` {t}" for c, t in zip(self.schema.columns, self._types, strict=True))
+            structure = f"{columns}, _chsink_line UInt64".replace("\\", "\\\\").replace("'", "\\'")
+            sql = f"SELECT _chsink_line FROM format(JSONEachRow, '{structure}', '{data}')"
+            settings = {**self.line_settings, "input_format_allow_errors_num": n + 1,
+                        "input_format_allow_errors_ratio": 1, "max_query_size": len(sql) + 1024}
+            read = self.client.query(sql, settings=settings).result_columns
+        except Exception as e:
+            log.warning("could not tell the refused lines apart: %s", first_line(e))
+            return []
+        kept = np.zeros(n, dtype=bool)
+        if read:
+            kept[np.asarray(read[0], dtype=np.int64)] = True
+        return [int(i) for i in np.flatnonzero(~kept)]
 
     def _feeds_views(self) -> bool:
         if self._views is None:

@@ -4,9 +4,9 @@ Each Kafka record whose value is a JSON object becomes one JSONEachRow line with
 metadata columns (`_topic`, `_partition`, `_offset`, `_timestamp`, `_key`) spliced in, built with
 vectorized Arrow compute from the Arrow batch Spark hands over, and contiguous slices of those lines
 go to ClickHouse as INSERT payloads, zero-copy. Windows and tokens are the same as on the decoding
-path, so the exactly-once protocol does not change. A window that ClickHouse rejects (a record it
-cannot parse or fit) falls back, deterministically, to the Python decoder, which names each bad
-record and dead-letters it.
+path, so the exactly-once protocol does not change. A record ClickHouse cannot parse or fit, or could
+alter (the Guard), is decoded alone by the Python decoder, which names it and dead-letters it; its
+neighbours stay on this path (delivery/sift.py).
 """
 
 from __future__ import annotations
@@ -157,6 +157,16 @@ class Guard:
 
         return bool(self.pattern) and bool(pc.any(pc.match_substring_regex(lines, self.pattern)).as_py())
 
+    def flagged(self, lines: Any) -> list[int]:
+        """The indexes of the suspect lines."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        if not self.pattern:
+            return []
+        hits = pc.match_substring_regex(lines, self.pattern).to_numpy(zero_copy_only=False)
+        return [int(i) for i in np.flatnonzero(hits)]
+
 
 def guard(schema: TableSchema) -> Guard:
     """The table's Guard (see there), from its column types."""
@@ -201,18 +211,27 @@ def window_slices(offsets: Any, windows: Sequence[OffsetRange]) -> list[tuple[Of
 class LineBatch:
     """One partition's batch on the fast path: sorted offsets, their lines, and messages on demand.
 
-    Values travel from the JVM only for records without a line (`odd`); `messages` may re-read the
-    batch from Kafka when the decoding path needs all of them.
+    Values become Messages only for the records the decoder must see (`take`: those without a line, a bad
+    record a window sifts out); `messages` may re-read the batch from Kafka when the decoding path needs
+    all of them.
     """
 
     offsets: list[int]
     lines: Any  # pyarrow string array aligned with offsets; null where the value is not a JSON object
     messages: Callable[[], list[Message]]
-    odd: Callable[[], list[Message]]  # the records without a line, values included
+    take: Callable[[Sequence[int]], list[Message]]  # the records at these offsets, values included
 
     @property
     def complete(self) -> bool:
         return int(self.lines.null_count) == 0
+
+    def odd(self) -> list[Message]:
+        """The records without a line."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        missing = pc.is_null(self.lines).to_numpy(zero_copy_only=False)
+        return self.take([int(o) for o in np.asarray(self.offsets)[missing]])
 
     def windows(self, rng: OffsetRange, block_offsets: int) -> list[tuple[OffsetRange, tuple[int, ...], Any]]:
         """(window, offsets, lines) of the range's windows that hold lines; records without one left out."""

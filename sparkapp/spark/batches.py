@@ -100,12 +100,13 @@ def _deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[PartitionResu
     """Through the fast path (ClickHouse parses JSON lines) or the decoding path."""
     ctx = rt.fast_context(topic)
     if ctx is not None:
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         lines = build_lines(sub, ctx.inserter.schema.names, rt.cfg.format.max_message_bytes)
         offsets = sub.column("offset").to_pylist()
-        batch = LineBatch(offsets, lines, lambda: table_messages(sub),
-                          lambda: table_messages(sub.filter(pc.is_null(lines))))
+        batch = LineBatch(offsets, lines, lambda: table_messages(sub), lambda at: table_messages(
+            sub.filter(pc.is_in(sub.column("offset"), value_set=pa.array(at, pa.int64())))))
         return rt.process_lines(ctx, topic, part, batch)
     return rt.process(topic, part, table_messages(sub))
 

@@ -15,7 +15,7 @@ from sparkapp.core.records import Message
 from sparkapp.delivery.context import WriterContext
 from sparkapp.delivery.writer import write_lines, write_partition
 from sparkapp.edges.clickhouse import load_schema
-from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_REASON, KafkaDeadLetterSink
+from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_REASON, HEADER_SINK, KafkaDeadLetterSink
 from sparkapp.edges.insert import Inserter
 from sparkapp.edges.store import PartitionKey, StateStore
 from sparkapp.formats.jsoneachrow import build_lines
@@ -107,6 +107,65 @@ def test_bad_records_are_dead_lettered_once_with_the_decoders_reason_and_the_res
     assert set(reasons) == {105, 110, 150, 199} and "column `id`" in reasons[150] and "column `ts`" in reasons[199]
     assert "malformed JSON" in reasons[105]
     assert ctx.inserter.inserts == 3  # window [100,139] on the fast path, then the 2 others decoded
+
+
+DIRTY = [b'{"id": "not a number"}', b'{"id": 1, "ts": "yesterday"}',  # ClickHouse refuses them
+         b'{"id": 123456789012345678901234567890}', b'{"id": null}',  # ClickHouse would alter them (the Guard)
+         b'{"id": 2, "amount": "1.2.3"}', b"{broken", b"[1]"]  # the last two have no line at all
+
+
+def counting(ctx) -> list[int]:
+    """The offsets the Python decoder sees, from now on."""
+    seen: list[int] = []
+    decode = ctx.decode
+
+    def count(m):
+        seen.append(m.offset)
+        return decode(m)
+    ctx.decode = count
+    return seen
+
+
+def test_only_the_bad_records_leave_the_fast_path_never_their_neighbours(ch_db, kafka, topic):
+    """Dirty data at clean-data speed: each bad record is decoded (and dead-lettered) alone, and its window's
+    other lines stay on the fast path under the window's token; the table and the dead letters equal the
+    decoding path's."""
+    client, db = ch_db
+    for t in ("dirty", "ref"):
+        client.command(f"CREATE TABLE {t} ({COLUMNS}) ENGINE = MergeTree ORDER BY _offset")
+    dlq_topic = topic(1)
+    dlq = KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap})
+    fast, slow = make_ctx(client, db, "dirty", dlq, sink="dirty"), make_ctx(client, db, "ref", dlq, sink="ref")
+    msgs = messages(400)
+    bad = {100 + i: DIRTY[i % len(DIRTY)] for i in range(3, 400, 9)}  # one or more in every window of 40
+    msgs = [Message(m.topic, 0, m.offset, bad.get(m.offset, m.value), m.key, m.timestamp_ms) for m in msgs]
+    seen = counting(fast)
+    r = write_lines(fast, PartitionKey("dirty", "src", 0), line_batch(msgs, fast.inserter.schema.names))
+    assert sorted(seen) == sorted(bad), "only the bad records take the decoder"
+    assert (r.inserted_rows, r.dead_lettered) == (400 - len(bad), len(bad))
+    assert fast.inserter.inserts == 10  # one block per window, as on a clean run
+    write_partition(slow, PartitionKey("ref", "src", 0), msgs)
+    assert rows(client, "dirty") == rows(client, "ref")
+    dead = read_dlq(kafka.bootstrap, dlq_topic, 2 * len(bad))
+    by_sink: dict[str, dict[int, str]] = {}
+    for m in dead:
+        h = dict(m.headers())
+        by_sink.setdefault(h[HEADER_SINK].decode(), {})[int(h[HEADER_OFFSET])] = h[HEADER_REASON].decode()
+    assert by_sink["dirty"] == by_sink["ref"] and set(by_sink["dirty"]) == set(bad), "the decoder's reasons, once"
+
+
+def test_a_flagged_line_the_decoder_keeps_sends_its_whole_window_through_the_decoder(ch_db):
+    """A Guard false alarm (a long digit run inside a string): the decoder keeps the record, so its window is
+    decoded whole, as the decoding path would send it; the other windows stay on the fast path."""
+    client, db = ch_db
+    client.command(f"CREATE TABLE alarm ({COLUMNS}) ENGINE = MergeTree ORDER BY _offset")
+    ctx = make_ctx(client, db, "alarm", sink="alarm")
+    msgs = messages(120)
+    msgs[45] = Message("src", 0, 145, b'{"id": 45, "note": "12345678901234567890123"}', None, msgs[45].timestamp_ms)
+    seen = counting(ctx)
+    r = write_lines(ctx, PartitionKey("alarm", "src", 0), line_batch(msgs, ctx.inserter.schema.names))
+    assert seen[0] == 145 and sorted(set(seen)) == list(range(140, 180)) and r.inserted_rows == 120
+    assert client.query("SELECT note FROM alarm WHERE _offset = 145").result_rows == [("12345678901234567890123",)]
 
 
 def test_payload_is_the_slice_bytes():
