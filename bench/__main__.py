@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-events", type=int, default=800_000)
     ap.add_argument("--dirty", type=float, default=0.005, help="bad records' share in the dirty-data runs")
     ap.add_argument("--no-peers", action="store_true", help="leave the peers out")
+    ap.add_argument("--no-http", action="store_true", help="leave out (e), (f) and the peers (the embedded path only)")
     ap.add_argument("--quick", action="store_true", help="a small smoke run (tests use it)")
     ap.add_argument("--profile", action="store_true", help="also record (c) under py-spy (a speedscope file)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -290,14 +291,19 @@ def main(argv: list[str] | None = None) -> int:
             say(f"    {res_d['rows_per_s']:,.0f} rows/s; (c) and (d) on dirty data")
             dirty = {key: run_job(work / f"{key}_dirty", kafka, "bench-dirty", a.events, a.batch, eo, a.block,
                                   dlq="bench-dlq") for key, eo in (("c", True), ("d", False))}
-            with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
-                assert isinstance(server, ClickHouseServer)
-                say(f"    {res_d['rows_per_s']:,.0f} rows/s; (e) exactly-once over HTTP, executors writing")
-                res_e = run_job(work / "e", kafka, topic, a.events, a.batch, True, a.block, server=server)
-                say(f"    {res_e['rows_per_s']:,.0f} rows/s; (f) at-least-once over HTTP")
-                res_f = run_job(work / "f", kafka, topic, a.events, a.batch, False, a.block, server=server)
-                say(f"    {res_f['rows_per_s']:,.0f} rows/s; peers on the same topic, table and server")
-                res_peers = {} if a.no_peers else run_peers(work, kafka, topic, a.events, server)
+            say(f"    dirty: (c) {dirty['c']['rows_per_s']:,.0f}, (d) {dirty['d']['rows_per_s']:,.0f} rows/s")
+            res_e: dict[str, Any] = {}
+            res_f: dict[str, Any] = {}
+            res_peers: dict[str, Any] = {}
+            if not a.no_http:
+                with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
+                    assert isinstance(server, ClickHouseServer)
+                    say(f"    {res_d['rows_per_s']:,.0f} rows/s; (e) exactly-once over HTTP, executors writing")
+                    res_e = run_job(work / "e", kafka, topic, a.events, a.batch, True, a.block, server=server)
+                    say(f"    {res_e['rows_per_s']:,.0f} rows/s; (f) at-least-once over HTTP")
+                    res_f = run_job(work / "f", kafka, topic, a.events, a.batch, False, a.block, server=server)
+                    say(f"    {res_f['rows_per_s']:,.0f} rows/s; peers on the same topic, table and server")
+                    res_peers = {} if a.no_peers else run_peers(work, kafka, topic, a.events, server)
             say(f"sweep over maxOffsetsPerTrigger {sweep}")
             swept: dict[str, list[dict[str, Any]]] = {"c": [], "d": []}
             for m in sweep:
@@ -317,8 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_c_a": c / res_a["rows_per_s"], "ratio_c_b": c / res_b["rows_per_s"],
         "ratio_c_d": c / res_d["rows_per_s"],
         "ratio_c_min_ab": c / min(res_a["rows_per_s"], res_b["rows_per_s"]),
-        "ratio_e_a": res_e["rows_per_s"] / res_a["rows_per_s"], "ratio_e_f": res_e["rows_per_s"] / res_f["rows_per_s"],
-        "ratio_e_c": res_e["rows_per_s"] / c,
+        **({"ratio_e_a": res_e["rows_per_s"] / res_a["rows_per_s"],
+            "ratio_e_f": res_e["rows_per_s"] / res_f["rows_per_s"], "ratio_e_c": res_e["rows_per_s"] / c}
+           if res_e else {}),
         **{f"ratio_{mine}_{k}": r["rows_per_s"] / p["rows_per_s"]  # chsink over HTTP against each peer
            for k, p in res_peers.items() if "rows_per_s" in p for mine, r in (("e", res_e), ("f", res_f))},
         "targets": {"ratio_c_d>=0.95": c / res_d["rows_per_s"] >= 0.95,

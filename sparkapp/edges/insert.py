@@ -260,13 +260,14 @@ class Inserter:
             sql = f"SELECT _chsink_line FROM format(JSONEachRow, '{structure}', '{data}')"
             settings = {**self.line_settings, "input_format_allow_errors_num": n + 1,
                         "input_format_allow_errors_ratio": 1, "max_query_size": len(sql) + 1024}
-            read = self.client.query(sql, settings=settings).result_columns
-        except Exception as e:
+            # raw_query: the client's own query preparation scans the whole text with regular expressions
+            read = self.client.raw_query(sql, settings=settings, fmt="TSV")
+        except Exception as e:  # only a speed-up: the caller decodes the window instead
             log.warning("could not tell the refused lines apart: %s", first_line(e))
             return []
         kept = np.zeros(n, dtype=bool)
-        if read:
-            kept[np.asarray(read[0], dtype=np.int64)] = True
+        if read.strip():
+            kept[np.array(read.split(), dtype=np.int64)] = True
         return [int(i) for i in np.flatnonzero(~kept)]
 
     def _feeds_views(self) -> bool:

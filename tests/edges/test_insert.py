@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sparkapp.core.blocks import Block
 from sparkapp.core.state_machine import OffsetRange
 from sparkapp.edges.clickhouse import load_schema
@@ -33,3 +35,36 @@ def test_retries_follow_the_error_code_not_the_words(ch_db):
     assert is_transient(errors["missing table"])  # code 60: a shard's table being re-created
     assert not is_transient(errors["parse error quoting a timeout"])
     assert is_transient(ConnectionResetError("Connection reset by peer"))
+
+
+@pytest.mark.parametrize("where", ["chdb", "server"])
+def test_refused_names_exactly_the_lines_clickhouse_cannot_parse(where, ch_db, request):
+    """One read with errors skipped tells the bad lines apart, on the embedded engine and over HTTP, whatever
+    quotes, backslashes or newlines the good lines hold."""
+    import json
+    import os
+
+    import clickhouse_connect
+    import pyarrow as pa
+
+    if where == "chdb":
+        client, db = ch_db
+    else:
+        server = request.getfixturevalue("clickhouse_server")
+        client = clickhouse_connect.get_client(dsn=server.dsn)
+        db = f"refused_{os.getpid()}"
+        client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+        client.database = db
+    client.command(f"CREATE TABLE IF NOT EXISTS {db}.r (id UInt64, note String, e Enum8('a''b' = 1, 'c' = 2), "
+                   "_offset UInt64) ENGINE = MergeTree ORDER BY id")
+    ins = Inserter(client, load_schema(client, db, "r"))
+    good = [{"id": i, "note": n, "e": "a'b"} for i, n in enumerate(["it's", 'say "hi"', "back\\slash", "line\nbreak",
+                                                                    "ünï ✓", "'); DROP TABLE r; --"])]
+    bad = {2: {"id": "x"}, 5: {"id": 1, "e": "zzz"}, 7: {"id": -1}}
+    records = list(good)
+    for i, r in sorted(bad.items()):
+        records.insert(i, r)
+    lines = pa.array([json.dumps(r, ensure_ascii=False) + "\n" for r in records], pa.string())
+    assert ins.refused(lines) == sorted(bad)
+    assert ins.refused(pa.array([json.dumps(g) + "\n" for g in good], pa.string())) == []
+    assert client.query(f"SELECT count() FROM {db}.r").result_rows == [(0,)], "nothing is written"
