@@ -2,8 +2,9 @@
 # Provisions the real test bed: apt packages, Kafka jars, Spark connector jars, kube-apiserver,
 # kubectl, etcd and helm built from Go modules, and the upstream SparkApplication CRDs.
 # Idempotent: every part lands in ~/.cache/chsink/<part>-<version> and is skipped when present.
-# Usage: hack/provision.sh [all|demo|apt|java|kafka|spark|k8s|etcd|helm|crds]...
-#   demo: only what `make demo` needs (a JRE, Kafka, Spark's Kafka connector); all: the whole test bed.
+# Usage: hack/provision.sh [all|demo|apt|java|kafka|spark|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator]...
+#   demo: only what `make demo` needs (a JRE, Kafka, Spark's Kafka connector); all: the whole test bed;
+#   cluster: the node (containerd, runc, CNI, kubelet and the rest, CoreDNS, the spark-operator, the images).
 set -euo pipefail
 LOG_TAG=provision
 # shellcheck source=common.sh
@@ -77,7 +78,7 @@ go_module_build() {
     printf 'module chsink.local/testbed\n\ngo 1.25\n\n%s\n' "$replaces" >go.mod
     go get "$req" >/dev/null
     for pkg in "$@"; do
-      go get "$pkg" >/dev/null 2>&1 || true
+      go get "$pkg@${req##*@}" >/dev/null 2>&1 || true
       CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "../bin/$(basename "$pkg")" "$pkg"
     done
   )
@@ -115,6 +116,64 @@ helm() {
     "helm.sh/helm/v3@$HELM_VERSION" "" helm.sh/helm/v3/cmd/helm
 }
 
+# The node: kubelet, kube-proxy, scheduler and controller-manager from the apiserver's own module.
+node_bins() {
+  local dest="$CACHE/k8s-node-$K8S_VERSION"
+  step "kubelet+kube-proxy+scheduler+controller-manager $K8S_VERSION (go build)" "$dest" go_module_build "$dest" \
+    "k8s.io/kubernetes@$K8S_VERSION" "$(k8s_replaces)" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager
+}
+
+coredns() {
+  local dest="$CACHE/coredns-$COREDNS_VERSION"
+  step "coredns $COREDNS_VERSION (go build)" "$dest" go_module_build "$dest" \
+    "github.com/coredns/coredns@$COREDNS_VERSION" "" github.com/coredns/coredns
+}
+
+# The kubeflow spark-operator (controller and webhook are one binary) and its chart.
+spark_operator() {
+  local dest="$CACHE/spark-operator-$SPARK_OPERATOR_VERSION"
+  build_spark_operator() {
+    go_module_build "$dest" "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" "" \
+      github.com/kubeflow/spark-operator/v2/cmd/operator
+    mv "$dest/bin/operator" "$dest/bin/spark-operator"
+    local dir; dir=$(go mod download -json "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    cp -r "$dir/charts/spark-operator-chart" "$dest/chart" && chmod -R u+w "$dest/chart"
+    cp "$dir/entrypoint.sh" "$dest/entrypoint.sh" && chmod 755 "$dest/entrypoint.sh"
+  }
+  step "spark-operator $SPARK_OPERATOR_VERSION (go build) and chart" "$dest" build_spark_operator
+}
+
+# The node: kubelet, kube-proxy, scheduler and controller-manager from the apiserver's own module.
+node_bins() {
+  local dest="$CACHE/k8s-node-$K8S_VERSION"
+  step "kubelet+kube-proxy+scheduler+controller-manager $K8S_VERSION (go build)" "$dest" go_module_build "$dest" \
+    "k8s.io/kubernetes@$K8S_VERSION" "$(k8s_replaces)" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager
+}
+
+coredns() {
+  local dest="$CACHE/coredns-$COREDNS_VERSION"
+  step "coredns $COREDNS_VERSION (go build)" "$dest" go_module_build "$dest" \
+    "github.com/coredns/coredns@$COREDNS_VERSION" "" github.com/coredns/coredns
+}
+
+# The kubeflow spark-operator (controller and webhook are one binary) and its chart.
+spark_operator() {
+  local dest="$CACHE/spark-operator-$SPARK_OPERATOR_VERSION"
+  build_spark_operator() {
+    go_module_build "$dest" "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" "" \
+      github.com/kubeflow/spark-operator/v2/cmd/operator
+    mv "$dest/bin/operator" "$dest/bin/spark-operator"
+    local dir; dir=$(go mod download -json "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    cp -r "$dir/charts/spark-operator-chart" "$dest/chart" && chmod -R u+w "$dest/chart"
+    cp "$dir/entrypoint.sh" "$dest/entrypoint.sh" && chmod 755 "$dest/entrypoint.sh"
+  }
+  step "spark-operator $SPARK_OPERATOR_VERSION (go build) and chart" "$dest" build_spark_operator
+}
+
 crds() {
   local dest="$CACHE/spark-operator-crds-$SPARK_OPERATOR_VERSION"
   fetch_crds() {
@@ -127,11 +186,17 @@ crds() {
   step "SparkApplication CRDs $SPARK_OPERATOR_VERSION" "$dest" fetch_crds
 }
 
+# A real node: container runtime, CNI plugins and the tools that build images without a Docker engine.
+NODE_APT="containerd runc containernetworking-plugins mmdebstrap buildah iptables conntrack"
 parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(all)
 t_all=$SECONDS
 for p in "${parts[@]}"; do
   case $p in
-    all) apt_install zookeeper default-jre-headless; kafka; spark_jars; crds; etcd; k8s; helm ;;
+    all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
+    cluster) apt_install $NODE_APT; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
+    node) node_bins ;;
+    coredns) coredns ;;
+    spark-operator) spark_operator ;;
     demo) java_present || apt_install default-jre-headless; kafka; spark_jars ;;
     apt) apt_install zookeeper default-jre-headless ;;
     java) java_present || apt_install default-jre-headless ;;

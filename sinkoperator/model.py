@@ -92,6 +92,8 @@ class ShardingSpec(Strict):
 
 class Driver(Strict):
     cores: int = Field(default=1, ge=1)
+    # what the pod requests from the scheduler, when less than `cores` (Spark's coreRequest, e.g. "500m")
+    core_request: str | None = Field(default=None, alias="coreRequest", pattern=r"^[0-9]+(\.[0-9]+)?m?$")
     memory: str = "1g"
 
 

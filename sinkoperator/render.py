@@ -147,11 +147,15 @@ def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)},
     }
+    if spark.driver.core_request:
+        driver["coreRequest"] = spark.driver.core_request
     if spark.service_account or defaults.service_account:
         driver["serviceAccount"] = spark.service_account or defaults.service_account
     ex = spark.executor
     executor = {"cores": ex.cores, "memory": ex.memory, "instances": ex.instances,
                 "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}], "env": env}
+    if ex.core_request:
+        executor["coreRequest"] = ex.core_request
     app_spec: dict[str, Any] = {
         "type": "Python", "pythonVersion": "3", "mode": "cluster",
         "image": spark.image or defaults.image, "imagePullPolicy": spark.image_pull_policy,

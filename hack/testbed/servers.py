@@ -304,17 +304,23 @@ class KubeApiServer(ManagedProcess):
     name = "kube-apiserver"
     admin_token = "chsink-admin-token"
 
-    def __init__(self, workdir: Path, etcd: Etcd, etcd_prefix: str = "/registry") -> None:
-        """etcd_prefix: a second, empty cluster on the session's etcd (cheaper than another etcd)."""
+    def __init__(self, workdir: Path, etcd: Etcd, etcd_prefix: str = "/registry", host: str = "127.0.0.1",
+                 service_cidr: str = "10.0.0.0/24", pods: bool = False) -> None:
+        """etcd_prefix: a second, empty cluster on the session's etcd (cheaper than another etcd).
+        host, service_cidr, pods: a cluster with a node, whose pods reach the server at `host` through the
+        `kubernetes` Service and get ServiceAccount tokens mounted (the admission plugin envtest leaves off)."""
         super().__init__(workdir)
         self.etcd = etcd
         self.etcd_prefix = etcd_prefix
+        self.host = host
+        self.service_cidr = service_cidr
+        self.pods = pods
         self.port = free_port()
         self.bindir = cached(f"k8s-{versions()['K8S_VERSION']}") / "bin"
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.host}:{self.port}"
 
     @property
     def kubectl(self) -> str:
@@ -332,12 +338,14 @@ class KubeApiServer(ManagedProcess):
     def command(self) -> list[str]:
         return [
             str(self.bindir / "kube-apiserver"), f"--etcd-servers={self.etcd.url}", f"--etcd-prefix={self.etcd_prefix}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--bind-address={self.host}", f"--advertise-address={self.host}", f"--secure-port={self.port}",
             f"--cert-dir={self.workdir / 'certs'}", f"--token-auth-file={self.workdir / 'tokens.csv'}",
-            "--authorization-mode=RBAC", "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+            "--authorization-mode=RBAC", f"--service-cluster-ip-range={self.service_cidr}", "--allow-privileged=true",
             f"--service-account-key-file={self.workdir / 'sa.pub'}",
             f"--service-account-signing-key-file={self.workdir / 'sa.key'}",
-            "--service-account-issuer=https://chsink.testbed", "--disable-admission-plugins=ServiceAccount",
+            "--service-account-issuer=https://chsink.testbed",
+            *(["--kubelet-preferred-address-types=InternalIP"] if self.pods
+              else ["--disable-admission-plugins=ServiceAccount"]),
             "--enable-priority-and-fairness=false", "--watch-cache=true", "--v=0",
         ]
 

@@ -85,6 +85,17 @@ def test_rendered_objects_pass_upstream_sparkapplication_validation(chsink_crds)
         assert "created (server dry run)" in res.stdout
 
 
+def test_a_core_request_below_cores_reaches_the_spark_pods_and_passes_upstream_validation(chsink_crds):
+    """On a small node a driver and an executor of one core each do not fit: coreRequest asks for less."""
+    spec = copy.deepcopy(SAMPLE["spec"])
+    spec["spark"] = {"driver": {"cores": 1, "coreRequest": "200m"}, "executor": {"cores": 2, "coreRequest": "0.5"}}
+    _, app = rendered(spec)
+    assert (app["spec"]["driver"]["coreRequest"], app["spec"]["executor"]["coreRequest"]) == ("200m", "0.5")
+    assert "coreRequest" not in rendered()[1]["spec"]["driver"]
+    res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(app))
+    assert "created (server dry run)" in res.stdout
+
+
 def test_sample_cr_is_accepted_and_defaulted(chsink_crds):
     chsink_crds.kubectl("apply", "-f", str(HERE / "sample.yaml"))
     got = yaml.safe_load(chsink_crds.kubectl("get", "clickhousesink", "orders", "-o", "yaml").stdout)
@@ -99,6 +110,7 @@ def test_sample_cr_is_accepted_and_defaulted(chsink_crds):
     (("clickhouse", "shards"), [{"endpoint": "ftp://x"}], "spec.clickhouse.shards[0].endpoint"),
     (("exactlyOnce", "engine"), "Memory", "spec.exactlyOnce.engine"),
     (("spark", "driver"), {"memory": "lots"}, "spec.spark.driver.memory"),
+    (("spark", "executor"), {"coreRequest": "half"}, "spec.spark.executor.coreRequest"),
     (("sharding",), {"weights": [1, 2]}, "sharding.weights needs one weight per clickhouse.shards entry"),
     (("sharding",), {"policy": "key"}, "sharding.policy key needs sharding.key"),
 ])
