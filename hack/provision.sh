@@ -86,6 +86,11 @@ go_module_build() {
   mv "$dir.tmp" "$dir"
 }
 
+# module_dir MODULE@VERSION: where the Go module cache holds its source.
+module_dir() {
+  go mod download -json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
+}
+
 k8s_replaces() {
   # k8s.io/kubernetes points its staging modules at ./staging; map them to the published v0.x tags.
   local gomod; gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
@@ -138,36 +143,7 @@ spark_operator() {
     go_module_build "$dest" "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" "" \
       github.com/kubeflow/spark-operator/v2/cmd/operator
     mv "$dest/bin/operator" "$dest/bin/spark-operator"
-    local dir; dir=$(go mod download -json "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
-    cp -r "$dir/charts/spark-operator-chart" "$dest/chart" && chmod -R u+w "$dest/chart"
-    cp "$dir/entrypoint.sh" "$dest/entrypoint.sh" && chmod 755 "$dest/entrypoint.sh"
-  }
-  step "spark-operator $SPARK_OPERATOR_VERSION (go build) and chart" "$dest" build_spark_operator
-}
-
-# The node: kubelet, kube-proxy, scheduler and controller-manager from the apiserver's own module.
-node_bins() {
-  local dest="$CACHE/k8s-node-$K8S_VERSION"
-  step "kubelet+kube-proxy+scheduler+controller-manager $K8S_VERSION (go build)" "$dest" go_module_build "$dest" \
-    "k8s.io/kubernetes@$K8S_VERSION" "$(k8s_replaces)" \
-    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager
-}
-
-coredns() {
-  local dest="$CACHE/coredns-$COREDNS_VERSION"
-  step "coredns $COREDNS_VERSION (go build)" "$dest" go_module_build "$dest" \
-    "github.com/coredns/coredns@$COREDNS_VERSION" "" github.com/coredns/coredns
-}
-
-# The kubeflow spark-operator (controller and webhook are one binary) and its chart.
-spark_operator() {
-  local dest="$CACHE/spark-operator-$SPARK_OPERATOR_VERSION"
-  build_spark_operator() {
-    go_module_build "$dest" "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" "" \
-      github.com/kubeflow/spark-operator/v2/cmd/operator
-    mv "$dest/bin/operator" "$dest/bin/spark-operator"
-    local dir; dir=$(go mod download -json "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    local dir; dir=$(module_dir "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION")
     cp -r "$dir/charts/spark-operator-chart" "$dest/chart" && chmod -R u+w "$dest/chart"
     cp "$dir/entrypoint.sh" "$dest/entrypoint.sh" && chmod 755 "$dest/entrypoint.sh"
   }
@@ -177,7 +153,7 @@ spark_operator() {
 crds() {
   local dest="$CACHE/spark-operator-crds-$SPARK_OPERATOR_VERSION"
   fetch_crds() {
-    local dir; dir=$(go mod download -json "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    local dir; dir=$(module_dir "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION")
     mkdir -p "$dest.tmp"
     cp "$dir"/charts/spark-operator-chart/crds/sparkoperator.k8s.io_{sparkapplications,scheduledsparkapplications}.yaml "$dest.tmp/"
     chmod 644 "$dest.tmp"/*.yaml
