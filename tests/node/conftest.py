@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 
@@ -12,7 +13,10 @@ from hack.testbed.process import REPO
 
 
 def _images(*args: str) -> str:
-    res = subprocess.run([str(REPO / "hack" / "images.sh"), *args], capture_output=True, text=True, timeout=3600)
+    # buildah keeps scratch files in TMPDIR, which the session points at a directory it may remove
+    env = dict(os.environ, TMPDIR="/var/tmp")
+    res = subprocess.run([str(REPO / "hack" / "images.sh"), *args], capture_output=True, text=True, timeout=3600,
+                         env=env)
     if res.returncode != 0:
         raise RuntimeError(f"hack/images.sh {' '.join(args)} failed:\n{res.stderr[-4000:]}")
     return res.stdout

@@ -1,0 +1,25 @@
+"""chsink's images, built from its own Dockerfile on the local bases, run on the node: the operator's entry
+point and the Spark image's driver/executor entrypoint with pyspark, Java and the Kafka connector."""
+
+from __future__ import annotations
+
+from hack.testbed.node import Cluster
+
+from .conftest import project_images
+
+
+def _run(node: Cluster, name: str, image: str, *command: str) -> str:
+    res = node.kubectl("run", name, "--rm", "-i", "--restart=Never", f"--image={image}", "--image-pull-policy=Never",
+                       "--command", "--", *command, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return str(res.stdout)
+
+
+def test_the_projects_images_build_from_its_dockerfile_and_run_on_the_node(node: Cluster) -> None:
+    operator, spark = project_images()
+    node.load([operator, spark])
+    assert "usage" in _run(node, "operator-help", operator, "python", "-m", "sinkoperator", "--help").lower()
+    out = _run(node, "spark-check", spark, "/opt/entrypoint.sh", "bash", "-c",
+               "python3 /opt/chsink/main.py --help && java -version 2>&1 && ls /opt/spark/jars | grep -c kafka "
+               "&& $SPARK_HOME/bin/spark-submit --version 2>&1 | grep -o 'version 4.0.0' | head -1")
+    assert "verify" in out and "openjdk version \"17" in out and "version 4.0.0" in out, out
