@@ -18,14 +18,16 @@ K8S_MOD=$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION
 
 # The key of the base images: what they are built from.
 base_key() {
-  (cd "$here" && find images -type f | sort | xargs sha256sum; cat versions.env; echo "$PYSPARK_VERSION $CHDB_VERSION") \
+  (cd "$here" && find images images.sh -type f | sort | xargs sha256sum; cat versions.env; echo "$PYSPARK_VERSION $CHDB_VERSION") \
     | sha256sum | cut -c1-12
 }
 
+BUILT=()  # the tags bud built, in order: the base images' list
 bud() { # bud TAG CONTEXT [ARGS...]
   local tag=$1 ctx=$2; shift 2
   local t0=$SECONDS
   "${BUILDAH[@]}" bud --isolation chroot --layers -q -t "$tag" "$@" "$ctx" >/dev/null
+  BUILT+=("$tag")
   log "$tag: built in $((SECONDS - t0))s"
 }
 
@@ -81,26 +83,23 @@ base() {
   bud "chsink.local/clickhouse:chdb-$CHDB_VERSION" "$ctx" --build-arg "CHDB_VERSION=$CHDB_VERSION"
   rm -rf "$ctx"
   mkdir -p "$dest.tmp"
-  printf '%s\n' chsink.local/pause:3.10 "chsink.local/coredns:$COREDNS_VERSION" "chsink.local/spark:$PYSPARK_VERSION" \
-    "chsink.local/spark-operator:$SPARK_OPERATOR_VERSION" "chsink.local/kafka:$KAFKA_VERSION" \
-    chsink.local/zookeeper:bookworm "chsink.local/clickhouse:chdb-$CHDB_VERSION" >"$dest.tmp/images.txt"
+  printf '%s\n' chsink.local/python:3.11-bookworm "${BUILT[@]}" >"$dest.tmp/images.txt"
   rm -rf "$dest"; mv "$dest.tmp" "$dest"
   log "base images built in $((SECONDS - t0))s"
 }
 
 # The project's images, from its own Dockerfile with the local bases as build args.
+PROJECT_IMAGES=(chsink.local/chsink-operator:dev chsink.local/chsink-spark:dev)
 project() {
-  bud chsink.local/chsink-operator:dev "$repo" -f "$repo/Dockerfile" --target operator \
+  bud "${PROJECT_IMAGES[0]}" "$repo" -f "$repo/Dockerfile" --target operator \
     --build-arg PYTHON_IMAGE=chsink.local/python:3.11-bookworm
-  bud chsink.local/chsink-spark:dev "$repo" -f "$repo/Dockerfile" --target sparkapp \
+  bud "${PROJECT_IMAGES[1]}" "$repo" -f "$repo/Dockerfile" --target sparkapp \
     --build-arg PYTHON_IMAGE=chsink.local/python:3.11-bookworm --build-arg "SPARK_IMAGE=chsink.local/spark:$PYSPARK_VERSION"
 }
 
 case ${1:-} in
   base) base ;;
-  list) cat "$CACHE/images-$(base_key)/images.txt"
-    printf '%s\n' chsink.local/python:3.11-bookworm chsink.local/chsink-operator:dev chsink.local/chsink-spark:dev ;;
-  spark) python_base; bud "chsink.local/spark:$PYSPARK_VERSION" "$here/images/spark" --build-arg "PYSPARK_VERSION=$PYSPARK_VERSION" ;;
+  list) sort -u "$CACHE/images-$(base_key)/images.txt" <(printf '%s\n' "${PROJECT_IMAGES[@]}") ;;
   project) project ;;
   *) echo "usage: $0 base|project" >&2; exit 2 ;;
 esac

@@ -336,12 +336,6 @@ class Cluster:
         _kube_proxy_cleanup()
         _host_network_down()
 
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 @contextlib.contextmanager
 def cluster(workdir: Path) -> Iterator[Cluster]:

@@ -28,6 +28,7 @@ def send_window(offsets: tuple[int, ...], lines: Any, flagged: Sequence[int], *,
     """Sends the window's lines but the bad ones, which go to `dead_letter` first; False when the whole
     window must take the decoder instead (nothing of it was sent, though some may have been dead-lettered).
     A transient failure of `send` is raised: the window is tried again as it is."""
+    import numpy as np
     import pyarrow as pa
 
     for attempt in range(2):
@@ -37,9 +38,8 @@ def send_window(offsets: tuple[int, ...], lines: Any, flagged: Sequence[int], *,
             if rows or len(dead) != len(picked):
                 return False
             dead_letter(dead)
-            drop = set(flagged)
-            keep = [i for i in range(len(offsets)) if i not in drop]
-            offsets, lines = tuple(offsets[i] for i in keep), lines.take(pa.array(keep, pa.int64()))
+            keep = np.setdiff1d(np.arange(len(offsets)), np.asarray(flagged, dtype=np.int64))
+            offsets, lines = tuple(np.asarray(offsets)[keep].tolist()), lines.take(pa.array(keep, pa.int64()))
         if not offsets:
             return True
         try:

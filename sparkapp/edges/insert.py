@@ -39,6 +39,10 @@ _CODE = re.compile(r"(?:Code: |error code )(\d+)")
 PINNED = {"async_insert": 0, "insert_deduplicate": 1, "deduplicate_blocks_in_dependent_materialized_views": 1}
 
 
+# inside a SQL string literal: backslashes first, then quotes
+_SQL_STRING_ESCAPES = (("\\", "\\\\"), ("'", "\\'"))
+
+
 class InsertError(RuntimeError):
     """An insert failed permanently or ran out of retries."""
 
@@ -252,11 +256,13 @@ class Inserter:
             index = pc.cast(pa.array(np.arange(n)), pa.string())
             tagged = pc.binary_join_element_wise('{"_chsink_line":', index, ",",
                                                  pc.replace_substring(lines, "{", "", max_replacements=1), "")
-            for a, b in (("\\", "\\\\"), ("'", "\\'")):  # a SQL string literal
+            for a, b in _SQL_STRING_ESCAPES:
                 tagged = pc.replace_substring(tagged, a, b)
             data = bytes(payload(tagged)).decode()
             columns = ", ".join(f"`{c.name}` {t}" for c, t in zip(self.schema.columns, self._types, strict=True))
-            structure = f"{columns}, _chsink_line UInt64".replace("\\", "\\\\").replace("'", "\\'")
+            structure = f"{columns}, _chsink_line UInt64"
+            for a, b in _SQL_STRING_ESCAPES:
+                structure = structure.replace(a, b)
             sql = f"SELECT _chsink_line FROM format(JSONEachRow, '{structure}', '{data}')"
             settings = {**self.line_settings, "input_format_allow_errors_num": n + 1,
                         "input_format_allow_errors_ratio": 1, "max_query_size": len(sql) + 1024}

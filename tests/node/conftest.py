@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Iterator
@@ -30,9 +31,14 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
 
 
+@functools.cache
+def _image_names() -> tuple[str, ...]:
+    return tuple(_images("list").split())
+
+
 def base_image(name: str) -> str:
     """One of the test bed's images by its short name (python, spark, kafka, clickhouse, ...)."""
-    return next(i for i in _images("list").split() if i.split(":")[0].rsplit("/", 1)[-1] == name)
+    return next(i for i in _image_names() if i.split(":")[0].rsplit("/", 1)[-1] == name)
 
 
 def project_images() -> list[str]:
