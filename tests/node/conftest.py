@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from hack.testbed.node import Cluster, cluster
+from hack.testbed.node import BRIDGE, NODE_IP, Cluster, cluster
 from hack.testbed.process import REPO
 
 
@@ -26,9 +28,18 @@ def _images(*args: str) -> str:
 @pytest.fixture(scope="session")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     _images("base")
-    with cluster(tmp_path_factory.mktemp("node")) as c:
+    workdir = tmp_path_factory.mktemp("node")
+    with cluster(workdir) as c:
         print(f"\ncluster started in {c.started_in:.0f}s")
         yield c
+    # Teardown leaves the machine as it found it: no mounts, chains, address, bridge or processes of the node.
+    assert str(workdir) not in Path("/proc/mounts").read_text()
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    assert not re.search(r"^:(KUBE|CNI)-", rules, re.M), rules
+    links = subprocess.run(["ip", "addr"], capture_output=True, text=True).stdout
+    assert NODE_IP not in links and BRIDGE not in links, links
+    procs = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True).stdout
+    assert not procs.strip(), procs
 
 
 @functools.cache
