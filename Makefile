@@ -1,7 +1,7 @@
 # The two commands of README.md: `make demo` runs the main job, `make test` runs every test.
 SHELL := /bin/bash
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30
 
 .PHONY: setup test lint demo bench clean
 DEMO_ARGS ?=

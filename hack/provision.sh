@@ -69,7 +69,8 @@ import importlib.metadata as m; print(m.version("pyspark"))
 EOF
 }
 
-# go_build NAME DIR MODULE@VERSION PKG... with replace lines taken from REPLACES (may be empty)
+# go_module_build DIR MODULE@VERSION REPLACES PKG...: replace lines from REPLACES (may be empty); extra linker
+# flags from $GO_LDFLAGS
 go_module_build() {
   local dir=$1 req=$2 replaces=$3; shift 3
   rm -rf "$dir.tmp"; mkdir -p "$dir.tmp/src" "$dir.tmp/bin"
@@ -79,7 +80,7 @@ go_module_build() {
     go get "$req" >/dev/null
     for pkg in "$@"; do
       go get "$pkg@${req##*@}" >/dev/null 2>&1 || true
-      CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "../bin/$(basename "$pkg")" "$pkg"
+      CGO_ENABLED=0 go build -trimpath -ldflags="-s -w ${GO_LDFLAGS:-}" -o "../bin/$(basename "$pkg")" "$pkg"
     done
   )
   rm -rf "$dir.tmp/src"
@@ -89,6 +90,17 @@ go_module_build() {
 # module_dir MODULE@VERSION: where the Go module cache holds its source.
 module_dir() {
   go mod download -json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
+}
+
+# Kubernetes binaries report the release they were built from (a build outside its repo says v0.0.0-master,
+# which charts comparing .Capabilities.KubeVersion reject).
+k8s_ldflags() {
+  local p minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    printf -- '-X %s.gitVersion=%s -X %s.gitMajor=1 -X %s.gitMinor=%s -X %s.gitTreeState=clean ' \
+      "$p" "$K8S_VERSION" "$p" "$p" "$minor" "$p"
+  done
 }
 
 k8s_replaces() {
@@ -101,9 +113,9 @@ k8s_replaces() {
 }
 
 k8s() {
-  local dest="$CACHE/k8s-$K8S_VERSION"
+  local dest="$CACHE/k8s-$K8S_VERSION-$K8S_BUILD"
   [ -e "$dest" ] && { log "kube-apiserver+kubectl $K8S_VERSION: cached ($dest)"; return 0; }
-  step "kube-apiserver+kubectl $K8S_VERSION (go build)" "$dest" go_module_build "$dest" \
+  GO_LDFLAGS=$(k8s_ldflags) step "kube-apiserver+kubectl $K8S_VERSION (go build)" "$dest" go_module_build "$dest" \
     "k8s.io/kubernetes@$K8S_VERSION" "$(k8s_replaces)" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
 }
@@ -123,8 +135,9 @@ helm() {
 
 # The node: kubelet, kube-proxy, scheduler and controller-manager from the apiserver's own module.
 node_bins() {
-  local dest="$CACHE/k8s-node-$K8S_VERSION"
-  step "kubelet+kube-proxy+scheduler+controller-manager $K8S_VERSION (go build)" "$dest" go_module_build "$dest" \
+  local dest="$CACHE/k8s-node-$K8S_VERSION-$K8S_BUILD"
+  GO_LDFLAGS=$(k8s_ldflags) step "kubelet+kube-proxy+scheduler+controller-manager $K8S_VERSION (go build)" "$dest" \
+    go_module_build "$dest" \
     "k8s.io/kubernetes@$K8S_VERSION" "$(k8s_replaces)" \
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager

@@ -61,6 +61,11 @@ def app_message(app: dict[str, Any] | None) -> str:
     return str(((app or {}).get("status") or {}).get("applicationState", {}).get("errorMessage", ""))[:1000]
 
 
+def app_executors(app: dict[str, Any] | None) -> dict[str, str]:
+    """Executor pod name -> state, as the spark-operator tracks them for the application's current run."""
+    return {str(k): str(v) for k, v in (((app or {}).get("status") or {}).get("executorState") or {}).items()}
+
+
 def app_state(app: dict[str, Any] | None) -> str:
     """The SparkApplication's state as the spark-operator reports it ("" when unknown)."""
     return str(((app or {}).get("status") or {}).get("applicationState", {}).get("state", ""))

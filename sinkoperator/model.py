@@ -176,6 +176,10 @@ class AppStatus(BaseModel):
     state: str = Field(default="", description="the spark-operator's applicationState.state")
     message: str = Field(default="", description="its errorMessage")
     spec_hash: str = Field(default="", alias="specHash")
+    executors: int = Field(default=0, description="executor pods running")
+    lost_executors: list[str] = Field(default_factory=list, alias="lostExecutors",
+                                      description="executor pods of this run the spark-operator reports FAILED or "
+                                                  "UNKNOWN (deleted), the last 10")
 
     @property
     def app_state(self) -> AppState:

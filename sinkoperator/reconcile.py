@@ -33,6 +33,7 @@ from .spec import (
     APPROVE_ANNOTATION,
     APPROVE_WORD,
     HASH_ANNOTATION,
+    LOST_EXECUTOR_STATES,
     NONCE_ANNOTATION,
     STOPPED_APP_STATES,
     AppState,
@@ -96,8 +97,11 @@ def _reconcile(body: Any) -> Outcome:
             app = kube.get_app(namespace, object_name(name))
             app_state = AppState.parse(kube.app_state(app)) if app is not None else None
             app_msg = kube.app_message(app)
-            new = new.model_copy(update={"spark_application": new.spark_application.model_copy(
-                update={"name": object_name(name), "state": app_state or "", "message": app_msg})})
+            executors = kube.app_executors(app)
+            lost = sorted((n for n, s in executors.items() if s in LOST_EXECUTOR_STATES), key=lambda n: (len(n), n))
+            new = new.model_copy(update={"spark_application": new.spark_application.model_copy(update={
+                "name": object_name(name), "state": app_state or "", "message": app_msg, "lost_executors": lost[-10:],
+                "executors": sum(s == "RUNNING" for s in executors.values())})})
             cfg = operator_config(namespace, name, spec, new.dump())
             progress = status.progress(namespace, name, cfg, open_store(cfg), new)
             new, stall = new.model_copy(update={"lag": progress.lag}), progress.stall

@@ -58,6 +58,7 @@ class Reason(enum.StrEnum):
     FORBIDDEN = "Forbidden"
     RECONCILE_FAILED = "ReconcileFailed"
     JOB_FAILED = "JobFailed"
+    EXECUTOR_LOST = "ExecutorLost"
     SHARD_STALLED = "ShardStalled"
     CLEANUP_FAILED = "CleanupFailed"
 
@@ -93,6 +94,8 @@ FAILED_APP_STATES = frozenset({AppState.FAILED, AppState.SUBMISSION_FAILED, AppS
                                AppState.SUCCEEDING})
 # states in which no driver runs (a drain waits for one of these)
 STOPPED_APP_STATES = frozenset({AppState.SUSPENDED, AppState.COMPLETED, AppState.FAILED, AppState.SUBMISSION_FAILED})
+# executor states (status.executorState) of a pod that is gone: FAILED, or UNKNOWN when deleted while the driver runs
+LOST_EXECUTOR_STATES = frozenset({"FAILED", "UNKNOWN"})
 
 
 class RebalancePhase(enum.StrEnum):

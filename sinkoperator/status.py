@@ -64,6 +64,10 @@ def _events(body: Any, old: SinkStatus, new: SinkStatus) -> None:
         kopf.warn(body, reason=now_.reason, message=now_.message)
     elif not now_.true and was is not None and was.true:
         kopf.info(body, reason="Recovered", message=f"no longer degraded ({was.reason})")
+    lost = sorted(set(new.spark_application.lost_executors) - set(old.spark_application.lost_executors))
+    if lost:  # Spark replaces them: nothing is degraded, but the user should see that it happened
+        kopf.warn(body, reason=Reason.EXECUTOR_LOST, message=f"executor pod(s) {', '.join(lost)} lost; Spark starts "
+                  "replacements and retries their tasks (the state store keeps delivery exactly-once)")
     if new.state != old.state:
         ready = new.condition(ConditionType.READY)
         text = f"sink {new.state.lower()}" + (f": {ready.message}" if ready and ready.message else "")

@@ -2,13 +2,14 @@
 kube-scheduler, kube-controller-manager and CoreDNS, with the images built here (hack/images.sh).
 
 Everything is the real component, started as processes of the test bed; nothing is pulled from a registry.
-The node gets its own address on a node's address, so pods reach the API server through the `kubernetes`
+The node gets an address of its own, so pods reach the API server through the `kubernetes`
 Service (kube-proxy's iptables rules) as they do on any cluster. Teardown stops the containers, unmounts
 what the kubelet mounted, removes the bridge, the node's address and kube-proxy's rules.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -43,7 +44,7 @@ def _run(*cmd: str, check: bool = True, timeout: float = 120,
 
 
 def node_bin(name: str) -> str:
-    return str(cached(f"k8s-node-{versions()['K8S_VERSION']}") / "bin" / name)
+    return str(cached(f"k8s-node-{versions()['K8S_VERSION']}-{versions()['K8S_BUILD']}") / "bin" / name)
 
 
 class Containerd(ManagedProcess):
@@ -105,17 +106,25 @@ state = "{self.workdir / 'state'}"
         return {line.split()[0] for line in self.ctr("images", "ls", "-q").stdout.splitlines() if line.strip()}
 
     def load(self, images: list[str]) -> None:
-        """Copies images from buildah's store (where hack/images.sh built them) into containerd."""
-        have = self.images()
-        for image in images:
-            if image in have:
-                continue
-            archive = self.workdir / "import.tar"
+        """Copies images from buildah's store (where hack/images.sh built them) into containerd: each is written
+        as an archive while containerd imports the one before (both take seconds per GiB)."""
+        todo = [i for i in dict.fromkeys(images) if i not in self.images()]
+
+        def export(n: int) -> Path:
+            archive = self.workdir / f"import-{n}.tar"
             archive.unlink(missing_ok=True)
-            _run(*buildah(), "push", "-q", image, f"docker-archive:{archive}:{image}", timeout=600,
+            _run(*buildah(), "push", "-q", todo[n], f"docker-archive:{archive}:{todo[n]}", timeout=600,
                  env=dict(os.environ, TMPDIR=str(self.workdir)))  # its scratch files: next to the archive
-            self.ctr("images", "import", "--no-unpack=false", str(archive))
-            archive.unlink()
+            return archive
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            nxt = pool.submit(export, 0) if todo else None
+            for n in range(len(todo)):
+                assert nxt is not None
+                archive = nxt.result()
+                nxt = pool.submit(export, n + 1) if n + 1 < len(todo) else None
+                self.ctr("images", "import", "--no-unpack=false", str(archive))
+                archive.unlink()
 
     def kill_containers(self) -> None:
         """Kills every task (the shims outlive containerd, in sessions of their own) and removes them."""
@@ -296,6 +305,14 @@ class Cluster:
 
     def kubectl(self, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
         return self.api.run_kubectl(*args, **kw)  # type: ignore[arg-type]
+
+    def helm(self, *args: str, timeout: float = 600) -> str:
+        """helm (built by hack/provision.sh) against this cluster, its caches and config in the workdir."""
+        exe = cached(f"helm-{versions()['HELM_VERSION']}") / "bin" / "helm"
+        home = self.workdir / "helm"
+        env = dict(os.environ, KUBECONFIG=str(self.api.kubeconfig), HELM_CACHE_HOME=str(home / "cache"),
+                   HELM_CONFIG_HOME=str(home / "config"), HELM_DATA_HOME=str(home / "data"))
+        return _run(str(exe), *args, timeout=timeout, env=env).stdout
 
     def _start(self, proc: ManagedProcess, timeout: float = 90.0) -> None:
         proc.prepare()

@@ -316,7 +316,7 @@ class KubeApiServer(ManagedProcess):
         self.service_cidr = service_cidr
         self.pods = pods
         self.port = free_port()
-        self.bindir = cached(f"k8s-{versions()['K8S_VERSION']}") / "bin"
+        self.bindir = cached(f"k8s-{versions()['K8S_VERSION']}-{versions()['K8S_BUILD']}") / "bin"
 
     @property
     def url(self) -> str:

@@ -64,27 +64,29 @@ def consumer(cfg: KafkaConfig, group: str = "chsink-reader") -> Any:
                      "enable.partition.eof": True, "auto.offset.reset": "earliest", "log_level": 0, **READ_COMMITTED})
 
 
-def watermarks(cfg: KafkaConfig, topic: str, partition: int) -> tuple[int, int]:
-    from confluent_kafka import TopicPartition
-
-    c = consumer(cfg)
-    try:
-        lo, hi = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=15)
-        return int(lo), int(hi)
-    finally:
-        c.close()
+def watermarks(cfg: KafkaConfig, topic: str, partition: int, timeout: float = 15) -> tuple[int, int]:
+    return all_watermarks(cfg, {topic: partition + 1}, timeout, only=partition)[(topic, partition)]
 
 
-def all_watermarks(cfg: KafkaConfig, partitions: dict[str, int]) -> dict[tuple[str, int], tuple[int, int]]:
-    """Each partition's first offset Kafka still holds (records below were deleted by retention) and its end."""
-    from confluent_kafka import TopicPartition
+def all_watermarks(cfg: KafkaConfig, partitions: dict[str, int], timeout: float = 15,
+                   only: int | None = None) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each partition's first offset Kafka still holds (records below were deleted by retention) and its end.
+    `only`: just that partition of each topic. A broker that does not answer is an outage (KafkaUnavailableError),
+    as while it restarts."""
+    from confluent_kafka import KafkaException, TopicPartition
 
     c = consumer(cfg)
     try:
         out = {}
         for t, n in partitions.items():
-            for p in range(n):
-                lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=15)
+            for p in range(n) if only is None else (only,):
+                try:
+                    lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=timeout)
+                except KafkaException as e:
+                    err = e.args[0] if e.args else e
+                    why = err.str() if hasattr(err, "str") else str(err)
+                    raise KafkaUnavailableError(f"cannot read the offsets of {t}/{p} from Kafka at "
+                                                f"{cfg.bootstrap_servers}: {why}") from None
                 out[(t, p)] = (int(lo), int(hi))
         return out
     finally:

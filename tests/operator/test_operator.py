@@ -43,9 +43,12 @@ def app_of(s) -> dict[str, Any] | None:
     return get(s["kube"], "sparkapplication", f"chsink-{s['name']}")
 
 
-def report(s, state: str, message: str = "") -> None:
-    """What the spark-operator would write (the test bed runs none): the application's state."""
-    body = {"status": {"driverInfo": {}, "applicationState": {"state": state, **({"errorMessage": message} if message else {})}}}
+def report(s, state: str, message: str = "", executors: dict[str, str] | None = None) -> None:
+    """What the spark-operator would write (this test bed runs none): the application's and its executors' states."""
+    body: dict[str, Any] = {"status": {"driverInfo": {}, "applicationState": {
+        "state": state, **({"errorMessage": message} if message else {})}}}
+    if executors:
+        body["status"]["executorState"] = executors
     s["kube"].kubectl("patch", "sparkapplication", f"chsink-{s['name']}", "--subresource=status", "--type=merge",
                       "-p", json.dumps(body))
 

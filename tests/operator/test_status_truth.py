@@ -92,6 +92,22 @@ def test_ready_follows_the_job_and_kubectl_wait_works(hsink):
     assert warnings(s, "JobFailed") == 1
 
 
+def test_a_lost_executor_is_one_warning_and_the_sink_stays_ready(hsink):
+    s = hsink
+    s["apply"]()
+    wait_for("Deploying", lambda: cr_status(s).get("state") == "Deploying")
+    report(s, "RUNNING", executors={"app-exec-1": "RUNNING"})
+    wait_for("Ready", lambda: condition(s, "Ready").get("status") == "True")
+    assert cr_status(s)["sparkApplication"]["executors"] == 1
+    report(s, "RUNNING", executors={"app-exec-1": "UNKNOWN", "app-exec-2": "RUNNING"})  # deleted, replaced
+    wait_for("an ExecutorLost Warning", lambda: warnings(s, "ExecutorLost") == 1)
+    app = cr_status(s)["sparkApplication"]
+    assert app["lostExecutors"] == ["app-exec-1"] and app["executors"] == 1
+    assert condition(s, "Ready")["status"] == "True"  # Spark replaced it: nothing is degraded
+    time.sleep(5)  # later status ticks see the same lost executor: no second Warning
+    assert warnings(s, "ExecutorLost") == 1
+
+
 def test_a_clickhouse_outage_during_a_spec_change_is_retried_never_invalid(hsink):
     s = hsink
     s["apply"]()

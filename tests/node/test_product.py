@@ -1,0 +1,312 @@
+"""chsink end to end on the node, as a user installs it: the chart's operator pod, the kubeflow spark-operator
+and its webhook from their own chart, ZooKeeper, Kafka and two ClickHouse servers in pods. The operator renders
+the ClickHouseSink into a SparkApplication, the spark-operator submits it, the driver pod starts an executor pod
+and the executor writes over HTTP. Faults then hit the pods while a producer keeps writing; after each one the
+verifier, run in the cluster from the job's own ConfigMap, finds no duplicate and no gap, and the sink's status
+and Events say what happened.
+
+`kubectl get chs,sinkstatus,sparkapp,pods` after each step goes to node-e2e.txt in the session's temporary
+directory (and to stdout with -s).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import clickhouse_connect
+import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from hack.testbed.node import Cluster
+from hack.testbed.process import REPO, cache_dir, versions
+from tests.e2e.harness import EVENTS_TABLE, BackgroundProducer
+
+from .conftest import base_image, project_images
+
+NS = "data"
+SINK = "events"
+APP = f"chsink-{SINK}"
+TOPIC, DLQ = "events", "events-dlq"
+PARTITIONS = 4
+KAFKA = "10.96.0.20:9092"  # the Services' fixed ClusterIPs (infra.yaml), which the host reaches through kube-proxy
+CLICKHOUSE = ("10.96.0.21", "10.96.0.22")
+SHARDS = ("http://clickhouse.data.svc.cluster.local:8123", "http://clickhouse-2.data.svc.cluster.local:8123")
+DB = "e2e"
+
+
+@dataclass
+class Product:
+    node: Cluster
+    spark_image: str
+    log: Path
+    producer: BackgroundProducer | None = None
+    marks: list[str] = field(default_factory=list)
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.node.kubectl("-n", NS, *args, check=check)
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        res = self.kubectl("get", kind, name, "-o", "json", check=False)
+        return json.loads(res.stdout) if res.returncode == 0 else {}
+
+    def snapshot(self, step: str) -> None:
+        """What a user sees, for the log (and the closing note)."""
+        out = self.kubectl("get", "chs,sinkstatus,sparkapp,pods", "-o", "wide", check=False)
+        events = self.kubectl("get", "events", "--field-selector", f"involvedObject.name={SINK}",
+                              "--sort-by=.lastTimestamp", check=False)
+        text = f"\n=== {time.strftime('%H:%M:%S')} {step}\n{out.stdout}{out.stderr}\n{events.stdout[-3000:]}"
+        with self.log.open("a") as f:
+            f.write(text)
+        print(text)
+
+    def sink_events(self) -> list[tuple[str, str]]:
+        """(reason, message) of the Events on the ClickHouseSink, oldest first."""
+        res = self.kubectl("get", "events", "--field-selector",
+                           f"involvedObject.kind=ClickHouseSink,involvedObject.name={SINK}", "-o", "json")
+        items = sorted(json.loads(res.stdout)["items"],
+                       key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return [(e["reason"], e.get("message", "")) for e in items]
+
+    def state(self) -> str:
+        return str(self.get("chs", SINK).get("status", {}).get("state", ""))
+
+    def wait(self, what: str, ok: Callable[[], bool], timeout: float = 300, every: float = 2) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():
+                return
+            time.sleep(every)
+        self.snapshot(f"TIMED OUT: {what}")
+        raise AssertionError(f"{what}: not within {timeout}s (see {self.log})\n{self.diagnostics()}")
+
+    def diagnostics(self) -> str:
+        pods = self.kubectl("get", "pods", "-o", "name", check=False).stdout.split()
+        logs = [f"--- {p}\n" + self.kubectl("logs", p, "--tail=40", check=False).stdout for p in pods
+                if "driver" in p or "exec" in p]
+        op = self.node.kubectl("-n", "chsink-system", "logs", "deploy/chsink", "--tail=40", check=False).stdout
+        return "\n".join([*logs, f"--- operator\n{op}"])[-12000:]
+
+    def delivered(self) -> dict[int, int]:
+        """Per partition of the topic, the offset below which the state store says every record is delivered
+        (the slowest of its rows), from `kubectl get sinkstatus`."""
+        out: dict[int, int] = {}
+        for p in self.get("sinkstatus", SINK).get("status", {}).get("partitions") or []:
+            if p["topic"] == TOPIC:
+                pos = int(p["highWatermark"]) - int(p["lag"])
+                out[p["partition"]] = min(out.get(p["partition"], pos), pos)
+        return out
+
+    def caught_up(self, highs: dict[int, int]) -> bool:
+        done = self.delivered()
+        return all(done.get(p, 0) >= h for p, h in highs.items() if h)
+
+    def catch_up(self, what: str, timeout: float = 420) -> None:
+        """Waits until the sink delivered everything in Kafka now (the producer may keep writing)."""
+        highs = watermarks()
+        self.wait(f"{what}: the sink delivers every record produced so far", lambda: self.caught_up(highs), timeout)
+
+    def verify(self) -> dict[str, Any]:
+        """The verifier in the cluster, from the sink's ConfigMap, with the job's image."""
+        overrides = {"spec": {"restartPolicy": "Never", "volumes": [{"name": "c", "configMap": {"name": APP}}],
+                              "containers": [{"name": "verify", "image": self.spark_image, "imagePullPolicy": "Never",
+                                              "command": ["python3", "/opt/chsink/main.py", "verify", "--config",
+                                                          "/etc/chsink/sink.yaml", "--json"],
+                                              "volumeMounts": [{"name": "c", "mountPath": "/etc/chsink"}]}]}}
+        res = self.kubectl("run", "verify", "--rm", "-i", "--restart=Never", "--quiet", f"--image={self.spark_image}",
+                           "--image-pull-policy=Never", f"--overrides={json.dumps(overrides)}", check=False)
+        text = res.stdout
+        try:
+            report: dict[str, Any] = json.loads(text[text.index("{"):text.rindex("}") + 1])
+        except ValueError:
+            raise AssertionError(f"verifier failed ({res.returncode}):\n{text[-3000:]}\n{res.stderr[-3000:]}") from None
+        totals = report["totals"]
+        with self.log.open("a") as f:
+            f.write(f"verifier: {json.dumps(totals)}\n")
+        assert totals["duplicates"] == 0 and totals["gaps"] == 0 and totals.get("outside", 0) == 0, totals
+        return report
+
+
+def watermarks(timeout: float = 240) -> dict[int, int]:
+    """The topic's end offsets, waiting out a broker restart."""
+    deadline = time.monotonic() + timeout
+    c = Consumer({"bootstrap.servers": KAFKA, "group.id": "chsink-node-e2e", "enable.auto.commit": False})
+    try:
+        while True:
+            try:
+                return {p: c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in range(PARTITIONS)}
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+    finally:
+        c.close()
+
+
+def sink(shards: int, state: str = "running") -> dict[str, Any]:
+    return {
+        "apiVersion": "chsink.io/v1alpha1", "kind": "ClickHouseSink", "metadata": {"name": SINK, "namespace": NS},
+        "spec": {
+            "state": state,
+            "kafka": {"bootstrapServers": "kafka.data.svc.cluster.local:9092", "topics": [TOPIC]},
+            "clickhouse": {"shards": [{"endpoint": e} for e in SHARDS[:shards]], "database": DB,
+                           "tables": {TOPIC: "events"}},
+            "exactlyOnce": {"engine": "KeeperMap"},
+            "batching": {"maxOffsetsPerTrigger": 4000, "blockOffsets": 1000, "triggerInterval": "1 second"},
+            "dlq": {"topic": DLQ},
+            "checkpointLocation": f"/tmp/chsink/{SINK}",  # in the driver pod: lost with it (the store is the truth)
+            "deletionPolicy": "Delete",
+            "spark": {"imagePullPolicy": "Never",  # the image: the chart's default (spark.image)
+                      "driver": {"cores": 1, "coreRequest": "200m", "memory": "768m"},
+                      "executor": {"cores": 1, "coreRequest": "200m", "memory": "768m", "instances": 1}},
+        },
+    }
+
+
+def _volumes(node: Cluster) -> Path:
+    root = node.workdir / "volumes"
+    for name, uid in (("zookeeper", 185), ("kafka", 185), ("clickhouse", 101), ("clickhouse-2", 101)):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        subprocess.run(["chown", f"{uid}:{uid}", str(root / name)], check=True)
+    return root
+
+
+def _rollout(node: Cluster, namespace: str, deployment: str, timeout: int = 110) -> None:
+    node.kubectl("-n", namespace, "rollout", "status", f"deployment/{deployment}", f"--timeout={timeout}s")
+
+
+@pytest.fixture(scope="module")
+def product(node: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Product]:
+    t0 = time.monotonic()
+    operator_image, spark_image = project_images()
+    infra = {n: base_image(n) for n in ("zookeeper", "kafka", "clickhouse")}
+    spark_operator = base_image("spark-operator")
+    node.load([*infra.values(), spark_operator, operator_image, spark_image])
+    loaded = time.monotonic()
+
+    manifest = (Path(__file__).parent / "infra.yaml").read_text().replace("@VOLUMES@", str(_volumes(node)))
+    for name, image in infra.items():
+        manifest = manifest.replace(f"@{name.upper()}@", image)
+    node.kubectl("apply", "-f", "-", input=manifest)
+
+    repo, tag = spark_operator.rsplit(":", 1)
+    registry, repository = repo.split("/", 1)
+    node.helm("install", "spark-operator", str(cache_dir() / f"spark-operator-{versions()['SPARK_OPERATOR_VERSION']}"
+                                                 / "chart"),
+              "-n", "spark-operator", "--create-namespace", "--wait", "--timeout=5m",
+              "--set", f"image.registry={registry}", "--set", f"image.repository={repository}",
+              "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never", "--set", "spark.jobNamespaces={data}",
+              "--set", "controller.leaderElection.enable=false", "--set", "webhook.leaderElection.enable=false",
+              "--set", "prometheus.metrics.enable=false", "--set", "controller.uiService.enable=false")
+    op_repo, op_tag = operator_image.rsplit(":", 1)
+    node.helm("install", "chsink", str(REPO / "charts" / "chsink"), "-n", "chsink-system", "--create-namespace",
+              "--wait", "--timeout=3m", "--set", f"image.repository={op_repo}", "--set", f"image.tag={op_tag}",
+              "--set", "image.pullPolicy=Never", "--set", f"spark.image={spark_image}",
+              "--set", "watchNamespaces={data}", "--set", "statusIntervalSeconds=3")
+    for deployment in ("zookeeper", "kafka", "clickhouse", "clickhouse-2"):
+        _rollout(node, NS, deployment)
+    installed = time.monotonic()
+
+    kafka = AdminClient({"bootstrap.servers": KAFKA})  # kept: its futures fail once it is collected
+    for fut in kafka.create_topics([NewTopic(TOPIC, PARTITIONS, 1), NewTopic(DLQ, 1, 1)]).values():
+        fut.result(60)
+    for host in CLICKHOUSE:
+        client = clickhouse_connect.get_client(host=host, port=8123)
+        client.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
+        client.command(EVENTS_TABLE.format(db=DB))
+
+    log = tmp_path_factory.getbasetemp() / "node-e2e.txt"
+    p = Product(node, spark_image, log)
+    log.write_text(f"images loaded in {loaded - t0:.0f}s; charts and data services installed in "
+                   f"{installed - loaded:.0f}s\n")
+    yield p
+    if p.producer is not None:
+        p.producer.stopped.set()
+
+
+def _fault(p: Product, step: str, act: Callable[[], None]) -> list[tuple[str, str]]:
+    """Acts, then waits until the sink runs again and has delivered everything produced until then; returns
+    the Events posted on the sink meanwhile."""
+    before = len(p.sink_events())
+    act()
+    p.snapshot(f"{step}: just after")
+    p.wait(f"{step}: the sink runs again", lambda: p.state() == "Running", timeout=420)
+    p.catch_up(step)
+    p.snapshot(f"{step}: recovered")
+    p.verify()
+    return p.sink_events()[before:]
+
+
+def _delete(p: Product, selector: str, *extra: str) -> Callable[[], None]:
+    def act() -> None:
+        names = p.kubectl("get", "pods", "-l", selector, "-o", "name").stdout.split()
+        assert names, f"no pod matches {selector}"
+        p.kubectl("delete", *names, "--wait=false", *extra)
+    return act
+
+
+def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product: Product) -> None:
+    p = product
+    t0 = time.monotonic()
+    p.node.kubectl("apply", "-f", "-", input=json.dumps(sink(shards=1)))
+    p.wait("the sink runs", lambda: p.state() == "Running", timeout=420)
+    p.marks.append(f"sink running {time.monotonic() - t0:.0f}s after kubectl apply")
+    driver = p.get("pod", f"{APP}-driver")
+    assert driver.get("spec", {}).get("volumes"), "the webhook mounted the sink's ConfigMap"
+    p.wait("the driver starts an executor pod", lambda: "Running" in p.kubectl(
+        "get", "pods", "-l", "spark-role=executor", "-o", "jsonpath={.items[*].status.phase}").stdout, timeout=300)
+
+    p.producer = BackgroundProducer(SimpleNamespace(bootstrap=KAFKA), TOPIC, total=10**9,  # type: ignore[arg-type]
+                                    per_second=300, partitions=PARTITIONS)
+    p.producer.start()
+    p.catch_up("first records")
+    p.snapshot("running, producing")
+    p.verify()
+
+    # each fault while producing; the Events on the sink tell what it went through
+    events = _fault(p, "delete an executor pod", _delete(p, "spark-role=executor"))
+    assert "ExecutorLost" in {r for r, _ in events}, events
+    job = _fault(p, "delete the driver pod", _delete(p, "spark-role=driver"))
+    assert any(r != "Running" for r, _ in job), job
+    _fault(p, "delete the operator pod", lambda: p.node.kubectl(
+        "-n", "chsink-system", "delete", "pod", "-l", "app.kubernetes.io/name=chsink", "--wait=false"))
+    _fault(p, "kill the ClickHouse pod", _delete(p, "app=clickhouse", "--grace-period=0", "--force"))
+    _fault(p, "restart Kafka", lambda: p.kubectl("rollout", "restart", "deployment/kafka"))
+
+    p.kubectl("patch", "chs", SINK, "--type=merge", "-p", '{"spec": {"state": "paused"}}')
+    p.wait("paused", lambda: p.state() == "Paused" and
+           p.get("sparkapp", APP).get("status", {}).get("applicationState", {}).get("state") == "SUSPENDED")
+    p.snapshot("paused")
+    paused = p.delivered()
+    time.sleep(10)
+    assert p.delivered() == paused, "a paused sink writes nothing"
+    events = _fault(p, "resume", lambda: p.kubectl("patch", "chs", SINK, "--type=merge",
+                                                    "-p", '{"spec": {"state": "running"}}'))
+    assert ("Running" in {r for r, _ in events}), events
+
+    events = _fault(p, "add a shard (live rebalance)",
+                    lambda: p.node.kubectl("apply", "-f", "-", input=json.dumps(sink(shards=2))))
+    status = p.get("chs", SINK)["status"]
+    assert status["shards"] == "2" and len(status["layout"]["endpoints"]) == 2, status
+    assert "Draining" in {r for r, _ in events}, events
+    second = clickhouse_connect.get_client(host=CLICKHOUSE[1], port=8123)
+    p.wait("the new shard gets rows", lambda: second.command(f"SELECT count() FROM {DB}.events") > 0, timeout=120)
+
+    assert p.producer is not None
+    p.producer.finish()
+    p.catch_up("the last records")
+    p.wait("lag 0", lambda: p.get("sinkstatus", SINK).get("status", {}).get("lag") == 0)
+    p.snapshot("done")
+    report = p.verify()
+    totals = report["totals"]
+    assert totals["pending"] == 0 and totals["clickhouse"] + totals["dead_lettered"] == p.producer.sent, totals
+    assert totals["dead_lettered"] == p.producer.bad, totals
+    with p.log.open("a") as f:
+        f.write(f"{'; '.join(p.marks)}; run {time.monotonic() - t0:.0f}s; {p.producer.sent} records\n")
