@@ -92,7 +92,9 @@ class Product:
         logs = [f"--- {p}\n" + self.kubectl("logs", p, "--tail=40", check=False).stdout for p in pods
                 if "driver" in p or "exec" in p]
         op = self.node.kubectl("-n", "chsink-system", "logs", "deploy/chsink", "--tail=40", check=False).stdout
-        return "\n".join([*logs, f"--- operator\n{op}"])[-12000:]
+        kafka = self.kubectl("logs", "deploy/kafka", "--tail=60", check=False)
+        described = self.kubectl("describe", "pods", "-l", "app=kafka", check=False).stdout[-3000:]
+        return "\n".join([*logs, f"--- operator\n{op}", f"--- kafka\n{kafka.stdout}{kafka.stderr}\n{described}"])[-16000:]
 
     def delivered(self) -> dict[int, int]:
         """Per partition of the topic, the offset below which the state store says every record is delivered
@@ -110,7 +112,11 @@ class Product:
 
     def catch_up(self, what: str, timeout: float = 420) -> None:
         """Waits until the sink delivered everything in Kafka now (the producer may keep writing)."""
-        highs = watermarks()
+        try:
+            highs = watermarks()
+        except KafkaException:
+            self.snapshot(f"{what}: Kafka does not answer")
+            raise AssertionError(f"{what}: Kafka does not answer (see {self.log})\n{self.diagnostics()}") from None
         self.wait(f"{what}: the sink delivers every record produced so far", lambda: self.caught_up(highs), timeout)
 
     def verify(self) -> dict[str, Any]:
@@ -135,19 +141,19 @@ class Product:
 
 
 def watermarks(timeout: float = 240) -> dict[int, int]:
-    """The topic's end offsets, waiting out a broker restart."""
+    """The topic's end offsets, waiting out a broker restart (a fresh client each time: one that lost the broker
+    may keep answering from stale metadata)."""
     deadline = time.monotonic() + timeout
-    c = Consumer({"bootstrap.servers": KAFKA, "group.id": "chsink-node-e2e", "enable.auto.commit": False})
-    try:
-        while True:
-            try:
-                return {p: c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in range(PARTITIONS)}
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(2)
-    finally:
-        c.close()
+    while True:
+        c = Consumer({"bootstrap.servers": KAFKA, "group.id": "chsink-node-e2e", "enable.auto.commit": False})
+        try:
+            return {p: c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in range(PARTITIONS)}
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+        finally:
+            c.close()
 
 
 def sink(shards: int, state: str = "running") -> dict[str, Any]:
@@ -278,7 +284,11 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     _fault(p, "delete the operator pod", lambda: p.node.kubectl(
         "-n", "chsink-system", "delete", "pod", "-l", "app.kubernetes.io/name=chsink", "--wait=false"))
     _fault(p, "kill the ClickHouse pod", _delete(p, "app=clickhouse", "--grace-period=0", "--force"))
-    _fault(p, "restart Kafka", lambda: p.kubectl("rollout", "restart", "deployment/kafka"))
+    def restart_kafka() -> None:
+        p.kubectl("rollout", "restart", "deployment/kafka")
+        p.wait("Kafka restarted", lambda: p.kubectl("rollout", "status", "deployment/kafka", "--timeout=5s",
+                                                    check=False).returncode == 0, timeout=240)
+    _fault(p, "restart Kafka", restart_kafka)
 
     p.kubectl("patch", "chs", SINK, "--type=merge", "-p", '{"spec": {"state": "paused"}}')
     p.wait("paused", lambda: p.state() == "Paused" and
