@@ -11,7 +11,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .spec import GROUP, HASH_ANNOTATION, PLURAL, SPARK, VERSION
+from .spec import GROUP, HASH_ANNOTATION, LOST_EXECUTOR_STATES, PLURAL, SPARK, VERSION
 
 
 class SparkOperatorMissingError(Exception):
@@ -61,9 +61,12 @@ def app_message(app: dict[str, Any] | None) -> str:
     return str(((app or {}).get("status") or {}).get("applicationState", {}).get("errorMessage", ""))[:1000]
 
 
-def app_executors(app: dict[str, Any] | None) -> dict[str, str]:
-    """Executor pod name -> state, as the spark-operator tracks them for the application's current run."""
-    return {str(k): str(v) for k, v in (((app or {}).get("status") or {}).get("executorState") or {}).items()}
+def app_executors(app: dict[str, Any] | None, keep: int = 10) -> tuple[int, list[str]]:
+    """(executor pods running, the last `keep` lost ones by executor number), from the executorState the
+    spark-operator keeps for the application's current run."""
+    states = {str(k): str(v) for k, v in (((app or {}).get("status") or {}).get("executorState") or {}).items()}
+    lost = sorted((n for n, s in states.items() if s in LOST_EXECUTOR_STATES), key=lambda n: (len(n), n))
+    return sum(s == "RUNNING" for s in states.values()), lost[-keep:]
 
 
 def app_state(app: dict[str, Any] | None) -> str:

@@ -33,7 +33,6 @@ from .spec import (
     APPROVE_ANNOTATION,
     APPROVE_WORD,
     HASH_ANNOTATION,
-    LOST_EXECUTOR_STATES,
     NONCE_ANNOTATION,
     STOPPED_APP_STATES,
     AppState,
@@ -97,11 +96,10 @@ def _reconcile(body: Any) -> Outcome:
             app = kube.get_app(namespace, object_name(name))
             app_state = AppState.parse(kube.app_state(app)) if app is not None else None
             app_msg = kube.app_message(app)
-            executors = kube.app_executors(app)
-            lost = sorted((n for n, s in executors.items() if s in LOST_EXECUTOR_STATES), key=lambda n: (len(n), n))
+            running, lost = kube.app_executors(app)
             new = new.model_copy(update={"spark_application": new.spark_application.model_copy(update={
-                "name": object_name(name), "state": app_state or "", "message": app_msg, "lost_executors": lost[-10:],
-                "executors": sum(s == "RUNNING" for s in executors.values())})})
+                "name": object_name(name), "state": app_state or "", "message": app_msg, "executors": running,
+                "lost_executors": lost})})
             cfg = operator_config(namespace, name, spec, new.dump())
             progress = status.progress(namespace, name, cfg, open_store(cfg), new)
             new, stall = new.model_copy(update={"lag": progress.lag}), progress.stall

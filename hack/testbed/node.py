@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .process import REPO, ManagedProcess, TestbedError, cache_dir, cached, free_port, versions
+from .process import REPO, ManagedProcess, TestbedError, cache_dir, cached, free_port, k8s_part, versions
 from .servers import Etcd, KubeApiServer
 
 NODE_NAME = "chsink-node"
@@ -44,7 +44,7 @@ def _run(*cmd: str, check: bool = True, timeout: float = 120,
 
 
 def node_bin(name: str) -> str:
-    return str(cached(f"k8s-node-{versions()['K8S_VERSION']}-{versions()['K8S_BUILD']}") / "bin" / name)
+    return str(cached(k8s_part("k8s-node")) / "bin" / name)
 
 
 class Containerd(ManagedProcess):

@@ -40,6 +40,13 @@ def versions() -> dict[str, str]:
     return out
 
 
+def k8s_part(name: str) -> str:
+    """The cache part of a Kubernetes build ("k8s": apiserver and kubectl, "k8s-node": the node's binaries),
+    keyed by the release and the build's own revision, as hack/provision.sh names it."""
+    v = versions()
+    return f"{name}-{v['K8S_VERSION']}-{v['K8S_BUILD']}"
+
+
 def cached(part: str) -> Path:
     """Path of a provisioned part, or a clear error telling how to provision it."""
     path = cache_dir() / part

@@ -13,7 +13,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from .process import ManagedProcess, TestbedError, cached, free_port, versions
+from .process import ManagedProcess, TestbedError, cached, free_port, k8s_part, versions
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 
@@ -316,7 +316,7 @@ class KubeApiServer(ManagedProcess):
         self.service_cidr = service_cidr
         self.pods = pods
         self.port = free_port()
-        self.bindir = cached(f"k8s-{versions()['K8S_VERSION']}-{versions()['K8S_BUILD']}") / "bin"
+        self.bindir = cached(k8s_part("k8s")) / "bin"
 
     @property
     def url(self) -> str:

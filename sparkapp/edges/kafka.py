@@ -65,29 +65,32 @@ def consumer(cfg: KafkaConfig, group: str = "chsink-reader") -> Any:
 
 
 def watermarks(cfg: KafkaConfig, topic: str, partition: int, timeout: float = 15) -> tuple[int, int]:
-    return all_watermarks(cfg, {topic: partition + 1}, timeout, only=partition)[(topic, partition)]
+    return _watermarks(cfg, [(topic, partition)], timeout)[(topic, partition)]
 
 
-def all_watermarks(cfg: KafkaConfig, partitions: dict[str, int], timeout: float = 15,
-                   only: int | None = None) -> dict[tuple[str, int], tuple[int, int]]:
-    """Each partition's first offset Kafka still holds (records below were deleted by retention) and its end.
-    `only`: just that partition of each topic. A broker that does not answer is an outage (KafkaUnavailableError),
-    as while it restarts."""
+def all_watermarks(cfg: KafkaConfig, partitions: dict[str, int],
+                   timeout: float = 15) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each partition's first offset Kafka still holds (records below were deleted by retention) and its end."""
+    return _watermarks(cfg, [(t, p) for t, n in partitions.items() for p in range(n)], timeout)
+
+
+def _watermarks(cfg: KafkaConfig, pairs: list[tuple[str, int]],
+                timeout: float) -> dict[tuple[str, int], tuple[int, int]]:
+    """A broker that does not answer is an outage (KafkaUnavailableError), as while it restarts."""
     from confluent_kafka import KafkaException, TopicPartition
 
     c = consumer(cfg)
     try:
         out = {}
-        for t, n in partitions.items():
-            for p in range(n) if only is None else (only,):
-                try:
-                    lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=timeout)
-                except KafkaException as e:
-                    err = e.args[0] if e.args else e
-                    why = err.str() if hasattr(err, "str") else str(err)
-                    raise KafkaUnavailableError(f"cannot read the offsets of {t}/{p} from Kafka at "
-                                                f"{cfg.bootstrap_servers}: {why}") from None
-                out[(t, p)] = (int(lo), int(hi))
+        for t, p in pairs:
+            try:
+                lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=timeout)
+            except KafkaException as e:
+                err = e.args[0] if e.args else e
+                why = err.str() if hasattr(err, "str") else str(err)
+                raise KafkaUnavailableError(f"cannot read the offsets of {t}/{p} from Kafka at "
+                                            f"{cfg.bootstrap_servers}: {why}") from None
+            out[(t, p)] = (int(lo), int(hi))
         return out
     finally:
         c.close()
