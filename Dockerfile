@@ -14,7 +14,9 @@ RUN pip install --no-cache-dir uv==0.13.9
 COPY pyproject.toml uv.lock ./
 RUN mkdir -p /dist \
  && uv export --frozen --no-dev --no-hashes --no-emit-project --format requirements-txt -o /dist/requirements.txt \
- && grep -v '^pyspark==' /dist/requirements.txt > /dist/requirements-spark.txt
+ && grep -v '^pyspark==' /dist/requirements.txt > /dist/requirements-spark.txt \
+ && grep -vE '^(pyspark|py4j|chdb|chdb-core|pyarrow|pandas|numpy|fastavro)==' /dist/requirements.txt \
+      > /dist/requirements-operator.txt
 
 FROM requirements AS wheel
 COPY README.md ./
@@ -29,9 +31,10 @@ RUN python -c "import sys, urllib.request as u; [u.urlretrieve('https://repo.mav
       org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0 org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0 \
       org.apache.kafka:kafka-clients:3.9.0 org.apache.commons:commons-pool2:2.12.0
 
+# The operator never runs the writer: Spark, chdb and the Arrow stack (about 1.4 GB) stay out of its image.
 FROM ${PYTHON_IMAGE} AS operator
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin chsink
-COPY --from=requirements /dist/requirements.txt /tmp/requirements.txt
+COPY --from=requirements /dist/requirements-operator.txt /tmp/requirements.txt
 RUN pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY --from=wheel /dist/wheel /tmp/wheel
 RUN pip install --no-cache-dir --no-deps /tmp/wheel/*.whl && rm -rf /tmp/wheel

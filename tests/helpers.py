@@ -103,5 +103,6 @@ def line_batch(messages: list[Message], columns: tuple[str, ...]):
     from sparkapp.formats.jsoneachrow import LineBatch, build_lines
 
     lines = build_lines(messages_table(messages), columns, 8 << 20)
+    by_offset = {m.offset: m for m in messages}
     return LineBatch([m.offset for m in messages], lines, lambda: list(messages),
-                     lambda at: [m for m in messages if m.offset in set(at)])
+                     lambda at: [by_offset[o] for o in sorted(set(at)) if o in by_offset])

@@ -12,10 +12,10 @@ from ..core.records import DeadLetter, Message
 from ..core.state_machine import Case, OffsetRange
 from ..edges.insert import InsertError
 from ..edges.store import PartitionKey
-from ..formats.jsoneachrow import Guard, LineBatch, guard
+from ..formats.jsoneachrow import LineBatch, guard
 from ..formats.rows import decode_batch
 from .context import PartitionResult, WriterContext, ordered, require_dlq
-from .sift import send_window
+from .sift import Sifted, send_window, sift_range
 
 
 def _send_dead(ctx: WriterContext, pk: PartitionKey, dead: list[DeadLetter]) -> None:
@@ -40,27 +40,29 @@ def write_plain(ctx: WriterContext, pk: PartitionKey, msgs: list[Message]) -> Pa
 
 def write_plain_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
                       known_dead: Sequence[DeadLetter] = ()) -> PartitionResult:
-    """JSON lines parsed by ClickHouse; from a window it rejects on, the records are decoded in Python."""
+    """JSON lines parsed by ClickHouse, the bad records sifted out as exactly-once does (its baseline does the
+    same work); a window that needs the decoder is decoded in Python."""
     result = PartitionResult(pk, Case.NEW)
-    _send_dead(ctx, pk, list(known_dead))
-    result.dead_lettered = len(known_dead)
     rng = OffsetRange(batch.offsets[0], batch.offsets[-1])
-    suspect = guard(ctx.inserter.schema)
-    sent = {d.message.offset for d in known_dead}
-    for w, offsets, lines in batch.windows(rng, ctx.block_offsets):
-        if not _lines_window(ctx, pk, batch, w, offsets, lines, suspect, sent, result):
-            window = [m for m in ordered(batch.messages()) if m.offset in w and m.offset not in sent]
+    windows, dead = sift_range(batch.windows(rng, ctx.block_offsets), guard(ctx.inserter.schema),
+                               decode=ctx.decode, take=batch.take)
+    _send_dead(ctx, pk, [*known_dead, *dead])
+    result.dead_lettered = len(known_dead) + len(dead)
+    sent = {d.message.offset for d in (*known_dead, *dead)}
+    for sw in windows:
+        if sw.decoder or not _lines_window(ctx, pk, batch, sw, sent, result):
+            window = [m for m in ordered(batch.messages()) if m.offset in sw.window and m.offset not in sent]
             rest = write_plain(ctx, pk, window)
             result.inserted_rows += rest.inserted_rows
             result.dead_lettered += rest.dead_lettered
     return result
 
 
-def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch, w: OffsetRange, offsets: tuple[int, ...],
-                  lines: Any, suspect: Guard, sent: set[int], result: PartitionResult) -> bool:
-    """The bad records sifted out as exactly-once does (its baseline does the same work); False: decode it."""
+def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch, sw: Sifted, sent: set[int],
+                  result: PartitionResult) -> bool:
+    """One sifted window: sent, the lines ClickHouse refuses all the same sifted out; False: decode it."""
     def send(offs: tuple[int, ...], ls: Any) -> None:
-        ctx.inserter.insert(LineBlock(w, "", payload(ls), offs, ls))
+        ctx.inserter.insert(LineBlock(sw.window, "", payload(ls), offs, ls))
         result.inserted_rows += len(offs)
 
     def dead_letter(dead: list[DeadLetter]) -> None:
@@ -69,7 +71,7 @@ def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch, w: Off
         sent.update(d.message.offset for d in dead)
 
     try:
-        return send_window(offsets, lines, suspect.flagged(lines), decode=ctx.decode, take=batch.take,
+        return send_window(sw.offsets, sw.lines, decode=ctx.decode, take=batch.take,
                            refused=ctx.inserter.refused, send=send, dead_letter=dead_letter)
     except InsertError:
         return False

@@ -26,7 +26,7 @@ from ..formats.registry import Format, make_decoder
 from ..formats.rows import DecodeError, Decoder
 from ..formats.schema import SchemaError, TableSchema
 from .context import DataLossError, PartitionResult, Refetch, WriterContext
-from .writer import write_lines, write_partition
+from .writer import write_lines, write_lines_many, write_partition
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -214,6 +214,14 @@ class Runtime:
         """The fast path of process(): one table (no routing), JSON lines parsed by ClickHouse."""
         ctx.refetch = self._refetcher(ctx.inserter.schema.table)
         return [write_lines(ctx, PartitionKey(self.cfg.name, topic, partition, ""), batch)]
+
+    def process_lines_many(self, items: Sequence[tuple[WriterContext, str, int, LineBatch]]
+                           ) -> list[PartitionResult | ShardUnavailableError]:
+        """process_lines of many partitions of one batch, their state transitions shared (write_lines_many)."""
+        for ctx, *_ in items:
+            ctx.refetch = self._refetcher(ctx.inserter.schema.table)
+        return write_lines_many([(ctx, PartitionKey(self.cfg.name, topic, partition, ""), batch)
+                                 for ctx, topic, partition, batch in items])
 
     def process(self, topic: str, partition: int, messages: Sequence[Message]) -> list[PartitionResult]:
         """Delivers one topic-partition's batch: one state transition per target table."""

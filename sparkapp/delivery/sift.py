@@ -1,36 +1,82 @@
-"""One window of JSON lines on the fast path, its bad records sifted out one by one.
+"""A range of JSON lines on the fast path, its bad records sifted out one by one.
 
 A window's block holds exactly the rows the decoder accepts, on every path, so that a retry on any path
 sends the same block under the same token. On a clean window ClickHouse's parser and the decoder agree
-(the fast path's invariant, tested differentially). A line the Guard flags, or that ClickHouse refuses, is
-decoded alone: when the decoder dead-letters every such line, they leave the block and their neighbours
-stay on the fast path; when it keeps any (a false alarm, a disagreement), the caller decodes the whole
-window. Dirty data then costs one more parse of its windows, not a Python decode of every record.
+(the fast path's invariant, tested differentially). The lines the Guard flags, in all of a range's windows,
+are decoded alone before anything is sent (`sift_range`), so the range's dead letters go out in one send:
+the ones the decoder dead-letters leave their blocks and their neighbours stay on the fast path; a suspect
+line it keeps (a false alarm, a disagreement) sends its window through the decoder. A line ClickHouse
+refuses all the same is found after the refusal (`send_window`). Dirty data then costs the decoder its bad
+records, not a Python decode of every record.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.records import DeadLetter, Message
+from ..core.state_machine import OffsetRange
 from ..edges.insert import InsertError, first_line
+from ..formats.jsoneachrow import Guard
 from ..formats.rows import Decoder, decode_batch
 
 log = logging.getLogger(__name__)
 
 
-def send_window(offsets: tuple[int, ...], lines: Any, flagged: Sequence[int], *, decode: Decoder,
-                take: Callable[[Sequence[int]], list[Message]], refused: Callable[[Any], list[int]],
-                send: Callable[[tuple[int, ...], Any], None],
-                dead_letter: Callable[[list[DeadLetter]], None]) -> bool:
-    """Sends the window's lines but the bad ones, which go to `dead_letter` first; False when the whole
-    window must take the decoder instead (nothing of it was sent, though some may have been dead-lettered).
-    A transient failure of `send` is raised: the window is tried again as it is."""
+@dataclass(frozen=True)
+class Sifted:
+    """One window after sifting: the lines left to send, or `decoder`: the whole window takes the decoder."""
+
+    window: OffsetRange
+    offsets: tuple[int, ...]
+    lines: Any
+    decoder: bool = False
+
+
+def sift_range(windows: Sequence[tuple[OffsetRange, tuple[int, ...], Any]], guard: Guard, *, decode: Decoder,
+               take: Callable[[Sequence[int]], list[Message]]) -> tuple[list[Sifted], list[DeadLetter]]:
+    """The range's windows without the lines the decoder dead-letters among those the Guard flags (suspect or
+    likely refused), and those dead letters: one decode of every flagged line of the range, before anything
+    is sent. A window whose suspect line the decoder keeps takes the decoder whole."""
     import numpy as np
     import pyarrow as pa
 
+    hits = [guard.hits(lines) for _, _, lines in windows]
+    picked = [offsets[i] for (_, offsets, _), (suspect, refusing) in zip(windows, hits, strict=True)
+              for i in (*suspect, *refusing)]
+    if not picked:
+        return [Sifted(w, offsets, lines) for w, offsets, lines in windows], []
+    rows, dead = decode_batch(decode, take(picked))
+    kept, gone = {r[0] for r in rows}, {d.message.offset for d in dead}
+    out = []
+    for (w, offsets, lines), (suspect, refusing) in zip(windows, hits, strict=True):
+        if any(offsets[i] in kept for i in suspect):
+            out.append(Sifted(w, offsets, lines, decoder=True))
+            continue
+        drop = [i for i in (*suspect, *refusing) if offsets[i] in gone]
+        if drop:
+            keep = np.setdiff1d(np.arange(len(offsets)), np.asarray(drop, dtype=np.int64))
+            offsets, lines = tuple(np.asarray(offsets)[keep].tolist()), lines.take(pa.array(keep, pa.int64()))
+        if offsets:
+            out.append(Sifted(w, offsets, lines))
+    return out, list(dead)
+
+
+def send_window(offsets: tuple[int, ...], lines: Any, *, decode: Decoder,
+                take: Callable[[Sequence[int]], list[Message]], refused: Callable[[Any], list[int]],
+                send: Callable[[tuple[int, ...], Any], None],
+                dead_letter: Callable[[list[DeadLetter]], None]) -> bool:
+    """Sends a sifted window's lines; when ClickHouse refuses it, the lines it refuses go to `dead_letter` and
+    the rest is sent. False when the whole window must take the decoder instead (nothing of it was sent,
+    though some may have been dead-lettered). A transient failure of `send` is raised: the window is tried
+    again as it is."""
+    import numpy as np
+    import pyarrow as pa
+
+    flagged: list[int] = []
     for attempt in range(2):
         if flagged:
             picked = [offsets[i] for i in flagged]

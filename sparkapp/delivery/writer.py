@@ -1,9 +1,10 @@
 """One partition's batch, end to end: plan, BEFORE, dead letters, identical blocks, insert, AFTER.
 
 This is the only place where the pure core (state machine, blocks, tokens, routing) and the formats
-meet the edges (state store, inserter, dead-letter sink, Kafka re-reads). The Spark job calls it once
-per topic-partition per micro-batch, on an executor (HTTP) or on the driver (chdb). The at-least-once
-baseline the benchmark compares against is plain.py, outside this protocol.
+meet the edges (state store, inserter, dead-letter sink, Kafka re-reads). An executor (HTTP) calls it once
+per topic-partition per micro-batch; the driver (chdb) hands it the whole micro-batch (write_lines_many),
+whose partitions then share their state-store round trips. The at-least-once baseline the benchmark
+compares against is plain.py, outside this protocol.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, payload, 
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import MissingPolicy, OffsetRange, Phase, Plan, StoredState, plan_batch
 from ..edges.insert import InsertError, first_line
-from ..edges.store import DlqPhase, FencedError, PartitionKey, StateConflict, StateRow
-from ..formats.jsoneachrow import Guard, LineBatch, guard
+from ..edges.shards import ShardUnavailableError
+from ..edges.store import Begin, DlqPhase, FencedError, PartitionKey, StateConflict, StateRow
+from ..formats.jsoneachrow import LineBatch, guard
 from ..formats.rows import decode_batch
-from .context import DataLossError, PartitionResult, WriterContext, ordered, require_dlq
+from .context import DataLossError, DeadLetterSink, PartitionResult, WriterContext, ordered, require_dlq
 from .plain import write_plain, write_plain_lines
-from .sift import send_window
+from .sift import Sifted, send_window, sift_range
 
 log = logging.getLogger(__name__)
 
@@ -120,18 +122,29 @@ def write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch) -> Parti
     """
     if not batch.offsets:
         return write_partition(ctx, pk, [])
-    known_dead: list[DeadLetter] = []
-    if not batch.complete:
-        rows_odd, known_dead = decode_batch(ctx.decode, batch.odd())
-        if rows_odd:  # the decoder takes a record the fast path would not: decode the whole batch
-            return write_partition(ctx, pk, batch.messages())
+    known_dead = _odd_dead(ctx, batch)
+    if known_dead is None:  # the decoder takes a record the fast path would not: decode the whole batch
+        return write_partition(ctx, pk, batch.messages())
     if not ctx.exactly_once:
         return write_plain_lines(ctx, pk, batch, known_dead)
     try:
         return _write_lines(ctx, pk, batch, known_dead)
-    except StateConflict as e:  # another writer moved the state: the decoding path plans again from it
-        log.warning("%s: planning again: %s", pk, e)
-        return _replanning(lambda replan: _write_decoded(ctx, pk, ordered(batch.messages()), True), pk)
+    except StateConflict as e:
+        return _planned_again(ctx, pk, batch, e)
+
+
+def _odd_dead(ctx: WriterContext, batch: LineBatch) -> list[DeadLetter] | None:
+    """The dead letters among the records without a line; None when the decoder keeps any of them."""
+    if batch.complete:
+        return []
+    rows_odd, known_dead = decode_batch(ctx.decode, batch.odd())
+    return None if rows_odd else known_dead
+
+
+def _planned_again(ctx: WriterContext, pk: PartitionKey, batch: LineBatch, e: StateConflict) -> PartitionResult:
+    """Another writer moved the state: the decoding path plans again from it."""
+    log.warning("%s: planning again: %s", pk, e)
+    return _replanning(lambda replan: _write_decoded(ctx, pk, ordered(batch.messages()), True), pk)
 
 
 def _write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
@@ -142,28 +155,151 @@ def _write_lines(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
     if plan.refetch is not None or plan.dead_letter:
         return write_partition(ctx, pk, batch.messages())
     result = PartitionResult(pk, plan.case, skipped=_skipped(plan, batch.offsets))
-    suspect = guard(ctx.inserter.schema)
-    messages = functools.cache(lambda: ordered(batch.messages()))  # read at most once, when a window needs it
     for rng, retry in _ranges(plan):
         place = _placement(ctx, pk, row, retry)
         stored = _begin(ctx, pk, rng, place, stored)
-        dead_in = [d for d in known_dead if d.message.offset in rng]
-        _dead_letter(ctx, pk, dead_in)
-        result.dead_lettered += len(dead_in)
+        sifted = _sift(ctx, batch, rng, place, known_dead)
+        _dead_letter(ctx, pk, sifted[1])
         ctx.store.check_fence(pk, ctx.epoch)
-        sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
-        for w, offsets, lines in batch.windows(rng, place.block_offsets):
-            _lines_window(ctx, pk, batch, (rng, w, retry, place), offsets, lines, suspect, messages, sent, result)
+        _lines_range(ctx, pk, batch, (rng, retry, place), sifted, result)
         stored = _commit(ctx, pk, rng, retry, result, place)
     return result
 
 
+def _sift(ctx: WriterContext, batch: LineBatch, rng: OffsetRange, place: Placement,
+          known_dead: list[DeadLetter]) -> tuple[list[Sifted], list[DeadLetter]]:
+    """The range's windows with its bad records sifted out, and all its dead letters (sift.py)."""
+    windows, dead = sift_range(batch.windows(rng, place.block_offsets), guard(ctx.inserter.schema),
+                               decode=ctx.decode, take=batch.take)
+    return windows, [d for d in known_dead if d.message.offset in rng] + dead
+
+
+def _lines_range(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
+                 where: tuple[OffsetRange, bool, Placement], sifted: tuple[list[Sifted], list[DeadLetter]],
+                 result: PartitionResult) -> None:
+    """One BEFORE range of the fast path (`where`: the range, whether a retry, its placement) whose dead letters
+    were produced (`sifted`): its windows."""
+    rng, retry, place = where
+    windows, dead_in = sifted
+    result.dead_lettered += len(dead_in)
+    sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
+    messages = functools.cache(lambda: ordered(batch.messages()))  # read at most once, when a window needs it
+    for sw in windows:
+        if sw.decoder:
+            log.info("%s: window %s takes the decoder (a suspect record it keeps)", pk, sw.window)
+            _decode_window(ctx, pk, rng, sw.window, retry, messages(), sent, result, place)
+        else:
+            _lines_window(ctx, pk, batch, (rng, sw.window, retry, place), sw.offsets, sw.lines, messages, sent,
+                          result)
+
+
+def write_lines_many(items: Sequence[tuple[WriterContext, PartitionKey, LineBatch]]
+                     ) -> list[PartitionResult | ShardUnavailableError]:
+    """write_lines of the partitions of one micro-batch, with their state transitions shared: the partitions
+    whose plan is a new range (the steady case) are read in one round trip, go BEFORE in one conditional
+    write and AFTER in another (each read back), whatever their number. Any other plan (a stored range to
+    re-send, re-read or dead-letter), a state that moved meanwhile, and the at-least-once baseline take
+    write_lines alone, after them. Windows, tokens and fencing are write_lines'; a crash between the BEFORE
+    and the AFTER leaves every partition BEFORE, re-sent identically by the next run.
+
+    Results are in the order of `items`; a partition whose shard is unavailable gets its ShardUnavailableError
+    (it stalls BEFORE, the others go on). Any other failure, FencedError included, is raised."""
+    out: list[PartitionResult | ShardUnavailableError | None] = [None] * len(items)
+    alone: list[int] = []
+    fast: list[tuple[int, list[DeadLetter]]] = []
+    for i, (ctx, _, batch) in enumerate(items):
+        known = _odd_dead(ctx, batch) if ctx.exactly_once and batch.offsets else None
+        if known is None:
+            alone.append(i)
+        else:
+            fast.append((i, known))
+    if fast:
+        _shared_transitions(items, fast, out, alone)
+    for i in sorted(alone):
+        ctx, pk, batch = items[i]
+        try:
+            out[i] = write_lines(ctx, pk, batch)
+        except ShardUnavailableError as e:
+            out[i] = e
+    assert all(r is not None for r in out)
+    return [r for r in out if r is not None]
+
+
+def _shared_transitions(items: Sequence[tuple[WriterContext, PartitionKey, LineBatch]],
+                        fast: list[tuple[int, list[DeadLetter]]],
+                        out: list[PartitionResult | ShardUnavailableError | None], alone: list[int]) -> None:
+    """write_lines_many's shared part: plan from one read; sift every range; BEFORE in one write, which also
+    records the dead-letter topic's mark for the ranges with dead letters; those produced in one send; the
+    windows; AFTER in one write."""
+    store, epoch = items[fast[0][0]][0].store, items[fast[0][0]][0].epoch
+    assert all(items[i][0].store is store and items[i][0].epoch == epoch for i, _ in fast), "one store, one epoch"
+    rows = store.load_many([items[i][1] for i, _ in fast], epoch)
+    planned: list[tuple[int, OffsetRange, Placement, tuple[list[Sifted], list[DeadLetter]], PartitionResult]] = []
+    for i, known in fast:
+        ctx, pk, batch = items[i]
+        row = rows.get(pk)
+        plan = plan_batch(str(pk), row.state if row else None, batch.offsets, _policy(ctx), ctx.replay_below)
+        if plan.insert is None or plan.retry or plan.refetch or plan.dead_letter:
+            alone.append(i)  # nothing new (write_lines tells what it skips), or a stored range to deal with
+            continue
+        place = _placement(ctx, pk, row, False)
+        planned.append((i, plan.insert, place, _sift(ctx, batch, plan.insert, place, known),
+                        PartitionResult(pk, plan.case, skipped=_skipped(plan, batch.offsets))))
+    dlq = _shared_dlq([(items[i][0], items[i][1], sifted[1]) for i, _, _, sifted, _ in planned])
+    mark = dlq.mark() if dlq is not None else None
+    begins = {i: Begin(items[i][1], rng, rows[items[i][1]].state if items[i][1] in rows else None, place.layout,
+                       place.shard, place.block_offsets, mark if sifted[1] else None)
+              for i, rng, place, sifted, _ in planned}
+    for i in begins:
+        items[i][0].fault("before_begin")
+    conflicts = store.begin_many(list(begins.values()), epoch)
+    begun = [p for p in planned if items[p[0]][1] not in conflicts]
+    for i, *_ in begun:
+        items[i][0].fault("after_begin")
+    dead = [d for _, _, _, sifted, _ in begun for d in sifted[1]]
+    if dead:
+        assert dlq is not None
+        items[begun[0][0]][0].fault("after_dlq_mark")
+        dlq.send(items[begun[0][0]][1].sink, dead)
+        for step in ("after_dlq_send", "after_dlq"):
+            items[begun[0][0]][0].fault(step)
+    done: list[tuple[int, Begin, PartitionResult]] = []
+    for i, *_ in planned:
+        ctx, pk, batch = items[i]
+        try:
+            if pk in conflicts:
+                out[i] = _planned_again(ctx, pk, batch, conflicts[pk])
+        except ShardUnavailableError as e:
+            out[i] = e
+    for i, rng, place, sifted, result in begun:
+        ctx, pk, batch = items[i]
+        try:
+            _lines_range(ctx, pk, batch, (rng, False, place), sifted, result)
+        except ShardUnavailableError as e:  # it stays BEFORE; the next batch re-sends it (write_lines)
+            out[i] = e
+            continue
+        ctx.fault("after_insert")
+        done.append((i, begins[i], result))
+    store.commit_many([b for _, b, _ in done], epoch)
+    for i, b, result in done:
+        items[i][0].fault("after_commit")
+        result.committed = b.rng
+        out[i] = result
+
+
+def _shared_dlq(ranges: list[tuple[WriterContext, PartitionKey, list[DeadLetter]]]) -> DeadLetterSink | None:
+    """The one dead-letter sink of the ranges that have dead letters (None: they have none); UndeliverableError
+    before anything is written when there is none to take them."""
+    sinks = {id(s): s for s in (require_dlq(ctx, pk, dead) for ctx, pk, dead in ranges if dead)}
+    assert len(sinks) <= 1, "one dead-letter topic per sink"
+    return next(iter(sinks.values()), None)
+
+
 def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
                   where: tuple[OffsetRange, OffsetRange, bool, Placement], offsets: tuple[int, ...], lines: Any,
-                  suspect: Guard, messages: Callable[[], list[Message]], sent: set[int],
-                  result: PartitionResult) -> None:
-    """One window of the fast path (`where`: its range, the window, whether a retry, its placement): its
-    bad records sifted out, or the whole window through the decoder."""
+                  messages: Callable[[], list[Message]], sent: set[int], result: PartitionResult) -> None:
+    """One sifted window of the fast path (`where`: its range, the window, whether a retry, its placement): sent,
+    the lines ClickHouse refuses all the same sifted out, or the whole window through the decoder."""
     rng, w, retry, place = where
 
     def send(offs: tuple[int, ...], ls: Any) -> None:
@@ -175,8 +311,8 @@ def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
         result.dead_lettered += len(dead)
         sent.update(d.message.offset for d in dead)
 
-    if not send_window(offsets, lines, suspect.flagged(lines), decode=ctx.decode, take=batch.take,
-                       refused=ctx.inserter.refused, send=send, dead_letter=dead_letter):
+    if not send_window(offsets, lines, decode=ctx.decode, take=batch.take, refused=ctx.inserter.refused,
+                       send=send, dead_letter=dead_letter):
         log.info("%s: window %s takes the decoder", pk, w)
         _decode_window(ctx, pk, rng, w, retry, messages(), sent, result, place)
 

@@ -82,6 +82,7 @@ class KafkaDeadLetterSink:
         self.topic = topic
         self.config = producer_config
         self.producer = Producer({"enable.idempotence": True, "linger.ms": 5, **producer_config})
+        self._marks: Any = None  # the consumer `mark` reads end offsets with
 
     def _consumer(self) -> Any:
         from confluent_kafka import Consumer
@@ -94,12 +95,11 @@ class KafkaDeadLetterSink:
         """The topic's current end offsets, as `partition:offset,...`."""
         from confluent_kafka import TopicPartition
 
-        c = self._consumer()
-        try:
-            n = len(c.list_topics(self.topic, timeout=15).topics[self.topic].partitions)
-            ends = [(p, c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=15)[1]) for p in range(n)]
-        finally:
-            c.close()
+        if self._marks is None:  # kept: a consumer's connection costs more than the marks it reads
+            self._marks = self._consumer()
+        c = self._marks
+        n = len(c.list_topics(self.topic, timeout=15).topics[self.topic].partitions)
+        ends = [(p, c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=15)[1]) for p in range(n)]
         return ",".join(f"{p}:{o}" for p, o in ends)
 
     def sent_since(self, mark: str, sink: str) -> set[DeadKey]:
@@ -114,6 +114,9 @@ class KafkaDeadLetterSink:
     def close(self) -> None:
         """Releases the producer (everything sent was flushed), so it does not outlive the job reaching for a
         broker that is gone."""
+        if self._marks is not None:
+            self._marks.close()
+            self._marks = None
         self.producer.close()
 
     def send(self, sink: str, dead: Sequence[DeadLetter]) -> None:

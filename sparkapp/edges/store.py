@@ -13,7 +13,7 @@ import datetime as dt
 import enum
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +92,19 @@ class StateRow:
     dlq_mark: str
     updated_at: dt.datetime
     block_offsets: int = 0  # offsets per window the range was cut with: a retry cuts the same windows (0: unknown)
+
+
+@dataclass(frozen=True)
+class Begin:
+    """One partition's BEFORE in `begin_many`: its range, how it is cut, and the state it was planned from."""
+
+    pk: PartitionKey
+    rng: OffsetRange
+    expected: StoredState | None
+    layout: int = 0
+    shard: int = 0
+    block_offsets: int = 0
+    dlq_mark: str | None = None  # the range's dead letters are produced right after: SENDING from this mark
 
 
 def resume_positions(rows: Iterable[StateRow]) -> dict[tuple[str, int], int]:
@@ -227,6 +240,73 @@ class StateStore:
         self._transition(pk, rng, Phase.BEFORE, epoch, layout, shard, existing, block_offsets,
                          cas=expected is not ANY)
 
+    def load_many(self, pks: Sequence[PartitionKey], epoch: int) -> dict[PartitionKey, StateRow]:
+        """`load` of many partitions in one round trip (FencedError when a newer epoch owns any of them)."""
+        rows = self.get_many(pks)
+        for pk, row in rows.items():
+            _fence(pk, epoch, row.state.epoch)
+        return rows
+
+    def begin_many(self, items: Sequence[Begin], epoch: int) -> dict[PartitionKey, StateConflict]:
+        """`begin` of many partitions of one sink, in three round trips whatever their number: one read (the
+        rows and the sink's epoch), one conditional write of them all, one read back. Each item is fenced and
+        compared with the state it was planned from exactly as `begin` does; an item whose state moved is
+        returned as a StateConflict (nothing of it was written: plan it again), the others are BEFORE."""
+        if not items:
+            return {}
+        sinks = {it.pk.sink for it in items}
+        assert len(sinks) == 1, f"begin_many takes one sink's partitions, got {sorted(sinks)}"
+        epoch_key = self._epoch_key(next(iter(sinks)))
+        keys = [it.pk.key for it in items]
+        rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(_q, [*keys, epoch_key]))})")}
+        _fence(items[0].pk, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
+        conflicts: dict[PartitionKey, StateConflict] = {}
+        created: list[Begin] = []
+        updated: list[tuple[Begin, StateRow]] = []
+        for it in items:
+            existing = self._state_row(rows[it.pk.key]) if it.pk.key in rows else None
+            if existing is not None:
+                _fence(it.pk, epoch, existing.state.epoch)
+            if (existing.state if existing else None) != it.expected:
+                conflicts[it.pk] = StateConflict(f"{it.pk}: state is {existing.state if existing else 'absent'}, "
+                                                 f"planned from {it.expected}")
+            elif existing is None:
+                created.append(it)
+            else:
+                updated.append((it, existing))
+        if created:
+            try:
+                self._insert([self._row(it.pk.key, "partition", sink=it.pk.sink, topic=it.pk.topic,
+                                        partition=it.pk.partition, target=it.pk.table, phase=Phase.BEFORE.value,
+                                        min_offset=it.rng.min, max_offset=it.rng.max, epoch=epoch,
+                                        layout=it.layout, shard=it.shard, block_offsets=it.block_offsets,
+                                        **({} if it.dlq_mark is None else {"dlq": DlqPhase.SENDING.value,
+                                                                           "dlq_mark": it.dlq_mark}))
+                              for it in created], strict=True)
+            except Exception as e:
+                if not _is_node_exists(e):
+                    raise
+                for it in created:  # another writer created one of them first; which one, the read back tells
+                    conflicts.setdefault(it.pk, StateConflict(f"{it.pk}: another writer created a state row first"))
+        if updated:
+            self._update_many(updated, epoch)
+        self._read_back_many([(it.pk, it.rng, Phase.BEFORE, it.layout) for it in items if it.pk not in conflicts],
+                             epoch, conflicts)
+        return conflicts
+
+    def commit_many(self, items: Sequence[Begin], epoch: int) -> None:
+        """`commit` of many partitions (the ranges `begin_many` recorded) in two round trips: one conditional
+        write, one read back; FencedError when any of them was taken over meanwhile. Dead letters still SENDING
+        are DONE: every send of a range is flushed before its AFTER."""
+        if not items:
+            return
+        cond = " OR ".join(f"(key = {_q(it.pk.key)} AND min_offset = {it.rng.min} AND max_offset = {it.rng.max})"
+                           for it in items)
+        self._update(f"phase = 'AFTER', epoch = {epoch}, dlq = if(dlq = 'SENDING', 'DONE', dlq), "
+                     "updated_at = now64(3)",
+                     f"key IN ({', '.join(_q(it.pk.key) for it in items)}) AND epoch <= {epoch} AND ({cond})")
+        self._read_back_many([(it.pk, it.rng, Phase.AFTER, it.layout) for it in items], epoch, None)
+
     def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
         """Records AFTER over the range `begin` recorded (dead-letter fields kept): update, then read back."""
         self._update(f"phase = 'AFTER', epoch = {epoch}, updated_at = now64(3)",
@@ -322,6 +402,58 @@ class StateStore:
             )
         return self._read_back(pk, rng, phase, epoch, layout, conflict=cas)
 
+    def _update_many(self, items: Sequence[tuple[Begin, StateRow]], epoch: int) -> None:
+        """BEFORE over each item's range in one conditional write, each row on the exact state it was planned
+        from (as `_transition` with `cas`); dead-letter fields kept only where the range stays the same."""
+        def per_key(value: Callable[[Begin, StateRow], str], column: str) -> str:
+            return "multiIf(" + ", ".join(f"key = {_q(it.pk.key)}, {value(it, ex)}" for it, ex in items) + \
+                f", {column})"
+
+        def dlq(it: Begin, ex: StateRow) -> str:
+            if it.dlq_mark is not None:
+                return f"'{DlqPhase.SENDING.value}'"
+            return "dlq" if ex.state.range == it.rng else "'NONE'"
+
+        def mark(it: Begin, ex: StateRow) -> str:
+            if it.dlq_mark is not None:
+                return _q(it.dlq_mark)
+            return "dlq_mark" if ex.state.range == it.rng else "''"
+
+        sets = {
+            "min_offset": per_key(lambda it, ex: f"toInt64({it.rng.min})", "min_offset"),
+            "max_offset": per_key(lambda it, ex: f"toInt64({it.rng.max})", "max_offset"),
+            "layout": per_key(lambda it, ex: f"toUInt32({it.layout})", "layout"),
+            "shard": per_key(lambda it, ex: f"toUInt32({it.shard})", "shard"),
+            "block_offsets": per_key(lambda it, ex: f"toUInt32({it.block_offsets})", "block_offsets"),
+            "dlq": per_key(dlq, "dlq"),
+            "dlq_mark": per_key(mark, "dlq_mark"),
+        }
+        was = " OR ".join(
+            f"(key = {_q(it.pk.key)} AND epoch = {ex.state.epoch} AND phase = '{ex.state.phase.value}' AND "
+            f"min_offset = {ex.state.range.min} AND max_offset = {ex.state.range.max} AND layout = {ex.state.layout})"
+            for it, ex in items)
+        self._update(f"phase = 'BEFORE', epoch = {epoch}, "
+                     + ", ".join(f"{c} = {v}" for c, v in sets.items()) + ", updated_at = now64(3)",
+                     f"key IN ({', '.join(_q(it.pk.key) for it, _ in items)}) AND epoch <= {epoch} AND ({was})")
+
+    def _read_back_many(self, items: Sequence[tuple[PartitionKey, OffsetRange, Phase, int]], epoch: int,
+                        conflicts: dict[PartitionKey, StateConflict] | None) -> None:
+        """`_read_back` of many rows in one read. With `conflicts`, a row another writer of this or an older
+        epoch moved is added there (compare-and-set lost); a row a newer epoch owns raises FencedError."""
+        if not items:
+            return
+        got = self.get_many([pk for pk, *_ in items])
+        for pk, rng, phase, layout in items:
+            after = got.get(pk)
+            if after is not None and after.state == StoredState(rng, phase, epoch, layout):
+                continue
+            owner = after.state.epoch if after else "nobody (row deleted)"
+            lost = f"{pk}: transition to {phase.value} {rng} by epoch {epoch} lost to epoch {owner}"
+            if conflicts is not None and after is not None and after.state.epoch <= epoch:
+                conflicts[pk] = StateConflict(lost)
+            else:
+                raise FencedError(lost)
+
     def _read_back(self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int,
                    conflict: bool = False) -> None:
         after = self.get(pk)
@@ -338,7 +470,8 @@ class StateStore:
     def _row(self, key: str, kind: str, **kw: Any) -> list[Any]:
         return [key, kind, kw.get("sink", ""), kw.get("topic", ""), kw.get("partition", 0), kw.get("target", ""),
                 kw.get("phase", "NONE"), kw.get("min_offset", 0), kw.get("max_offset", 0), kw.get("epoch", 0),
-                kw.get("owner", ""), kw.get("layout", 0), kw.get("shard", 0), "NONE", "",
+                kw.get("owner", ""), kw.get("layout", 0), kw.get("shard", 0), kw.get("dlq", "NONE"),
+                kw.get("dlq_mark", ""),
                 dt.datetime.now(dt.UTC), kw.get("block_offsets", 0)]
 
     def _insert(self, rows: list[list[Any]], strict: bool = False) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import SinkConfig
 from ..core.records import Message
-from ..delivery.context import PartitionOutcome, PartitionResult, outcome
+from ..delivery.context import PartitionOutcome, PartitionResult, WriterContext, outcome
 from ..delivery.runtime import Runtime
 from ..edges.clickhouse import EndpointUnreachableError
 from ..edges.shards import ShardUnavailableError
@@ -82,8 +82,31 @@ def table_messages(tbl: Any) -> list[Message]:
 
 def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> PartitionOutcome:
     """One partition's slice, delivered; its outcome row."""
-    upto = int(sub.column("offset")[-1].as_py()) if sub.num_rows else -1
-    return guarded(topic, part, sub.num_rows, upto, lambda: _deliver(rt, topic, part, sub))
+    return guarded(topic, part, sub.num_rows, _upto(sub), lambda: _deliver(rt, topic, part, sub))
+
+
+def deliver_all(rt: Runtime, tbl: Any) -> list[PartitionOutcome]:
+    """A whole micro-batch where one process writes it (the driver): the partitions on the fast path together,
+    their state transitions shared (Runtime.process_lines_many), the others one by one."""
+    outcomes: list[PartitionOutcome] = []
+    together: list[tuple[WriterContext, str, int, Any, LineBatch]] = []
+    for topic, part, sub in partition_slices(tbl):
+        ctx = rt.fast_context(topic)
+        if ctx is None or not rt.cfg.state.enabled:
+            outcomes.append(deliver(rt, topic, part, sub))
+        else:
+            together.append((ctx, topic, part, sub, _line_batch(rt, ctx, sub)))
+    results = rt.process_lines_many([(ctx, topic, part, batch) for ctx, topic, part, _, batch in together])
+    for (_, topic, part, sub, _), res in zip(together, results, strict=True):
+        if isinstance(res, ShardUnavailableError):
+            outcomes.append(_stalled(topic, part, sub.num_rows, _upto(sub), res))
+        else:
+            outcomes.append(outcome(topic, part, sub.num_rows, _upto(sub), [res]))
+    return outcomes
+
+
+def _upto(sub: Any) -> int:
+    return int(sub.column("offset")[-1].as_py()) if sub.num_rows else -1
 
 
 def guarded(topic: str, part: int, n: int, upto: int, fn: Callable[[], list[PartitionResult]]) -> PartitionOutcome:
@@ -92,22 +115,29 @@ def guarded(topic: str, part: int, n: int, upto: int, fn: Callable[[], list[Part
     try:
         return outcome(topic, part, n, upto, fn())
     except ShardUnavailableError as e:
-        log.warning("%s/%d stalls: %s", topic, part, e)
-        return outcome(topic, part, n, upto, [], stalled=e.label)
+        return _stalled(topic, part, n, upto, e)
+
+
+def _stalled(topic: str, part: int, n: int, upto: int, e: ShardUnavailableError) -> PartitionOutcome:
+    log.warning("%s/%d stalls: %s", topic, part, e)
+    return outcome(topic, part, n, upto, [], stalled=e.label)
+
+
+def _line_batch(rt: Runtime, ctx: WriterContext, sub: Any) -> LineBatch:
+    """One partition's slice as JSON lines for ClickHouse to parse, its records as Messages on demand."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lines = build_lines(sub, ctx.inserter.schema.names, rt.cfg.format.max_message_bytes)
+    return LineBatch(sub.column("offset").to_pylist(), lines, lambda: table_messages(sub), lambda at: table_messages(
+        sub.filter(pc.is_in(sub.column("offset"), value_set=pa.array(at, pa.int64())))))
 
 
 def _deliver(rt: Runtime, topic: str, part: int, sub: Any) -> list[PartitionResult]:
     """Through the fast path (ClickHouse parses JSON lines) or the decoding path."""
     ctx = rt.fast_context(topic)
     if ctx is not None:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        lines = build_lines(sub, ctx.inserter.schema.names, rt.cfg.format.max_message_bytes)
-        offsets = sub.column("offset").to_pylist()
-        batch = LineBatch(offsets, lines, lambda: table_messages(sub), lambda at: table_messages(
-            sub.filter(pc.is_in(sub.column("offset"), value_set=pa.array(at, pa.int64())))))
-        return rt.process_lines(ctx, topic, part, batch)
+        return rt.process_lines(ctx, topic, part, _line_batch(rt, ctx, sub))
     return rt.process(topic, part, table_messages(sub))
 
 

@@ -31,7 +31,7 @@ from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import first_line, unsafe_target, worth_retrying
 from ..edges.kafka import all_watermarks, topic_partitions
 from ..edges.store import FencedError, resume_positions, state_store
-from .batches import deliver, executor_fn, guarded, outcome_ddl, partition_slices
+from .batches import deliver_all, executor_fn, guarded, outcome_ddl
 from .session import build_session, checkpoint_exists, fresh_checkpoint, mark_checkpoint, session_conf
 
 log = logging.getLogger("chsink.job")
@@ -102,7 +102,7 @@ class DriverWriter(BatchWriter):
     def _write_arrow(self, tbl: Any, batch_id: int, t0: float, read_s: float, wait_s: float) -> None:
         t1 = time.monotonic()
         try:
-            rows = [deliver(self.rt, topic, part, sub) for topic, part, sub in partition_slices(tbl)]
+            rows = deliver_all(self.rt, tbl)
         except FencedError:
             metrics.FENCED.labels(self.job.cfg.name).inc()
             raise

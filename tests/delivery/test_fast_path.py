@@ -114,6 +114,19 @@ DIRTY = [b'{"id": "not a number"}', b'{"id": 1, "ts": "yesterday"}',  # ClickHou
          b'{"id": 2, "amount": "1.2.3"}', b"{broken", b"[1]"]  # the last two have no line at all
 
 
+def spy(calls: dict[str, int], obj, *names: str) -> dict[str, int]:
+    """Counts calls of obj's methods `names` in `calls` from now on (the real methods run)."""
+    calls.update(dict.fromkeys(names, 0))
+    for name in names:
+        real = getattr(obj, name)
+
+        def counted(*a, _name=name, _real=real, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+        setattr(obj, name, counted)
+    return calls
+
+
 def counting(ctx) -> list[int]:
     """The offsets the Python decoder sees, from now on."""
     seen: list[int] = []
@@ -140,10 +153,15 @@ def test_only_the_bad_records_leave_the_fast_path_never_their_neighbours(ch_db, 
     bad = {100 + i: DIRTY[i % len(DIRTY)] for i in range(3, 400, 9)}  # one or more in every window of 40
     msgs = [Message(m.topic, 0, m.offset, bad.get(m.offset, m.value), m.key, m.timestamp_ms) for m in msgs]
     seen = counting(fast)
+    calls: dict[str, int] = {}
+    spy(calls, fast.inserter, "refused")
+    spy(calls, dlq, "send", "sent_since")
     r = write_lines(fast, PartitionKey("dirty", "src", 0), line_batch(msgs, fast.inserter.schema.names))
     assert sorted(seen) == sorted(bad), "only the bad records take the decoder"
     assert (r.inserted_rows, r.dead_lettered) == (400 - len(bad), len(bad))
     assert fast.inserter.inserts == 10  # one block per window, as on a clean run
+    # found before any insert (no window refused, no search for its bad lines), dead-lettered in one send
+    assert calls == {"refused": 0, "send": 1, "sent_since": 0}, calls
     write_partition(slow, PartitionKey("ref", "src", 0), msgs)
     assert rows(client, "dirty") == rows(client, "ref")
     dead = read_dlq(kafka.bootstrap, dlq_topic, 2 * len(bad))

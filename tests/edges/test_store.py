@@ -99,3 +99,43 @@ def test_each_run_owns_its_epoch_alone(store, monkeypatch):
     first, second = store.acquire_epoch("s1", owner=a), store.acquire_epoch("s1", owner=b)
     assert second == first + 1
     assert [r[9] for r in store._select("key = 's1/__epoch__'")] == [b]
+
+
+def test_many_partitions_go_before_and_after_together_each_on_its_own_planned_state(store):
+    """begin_many/commit_many: one conditional write for all, each row compared with the state it was planned
+    from; a row another writer moved is a conflict that writes nothing, the others move on."""
+    from sparkapp.edges.store import Begin, StateConflict
+
+    e = store.acquire_epoch("s1")
+    pks = [PartitionKey("s1", "t", p) for p in range(4)]
+    store.begin(pks[0], OffsetRange(0, 9), e)
+    store.commit(pks[0], OffsetRange(0, 9), e)
+    store.begin(pks[1], OffsetRange(0, 4), e)
+    store.commit(pks[1], OffsetRange(0, 4), e)
+    planned = store.load_many(pks, e)
+    assert set(planned) == set(pks[:2])
+    store.begin(pks[1], OffsetRange(5, 6), e)  # another attempt of the same epoch moved partition 1
+    items = [Begin(pk, OffsetRange(10 * i + 10, 10 * i + 19), planned[pk].state if pk in planned else None,
+                   layout=0, shard=i, block_offsets=7) for i, pk in enumerate(pks)]
+    conflicts = store.begin_many(items, e)
+    assert set(conflicts) == {pks[1]} and isinstance(conflicts[pks[1]], StateConflict)
+    rows = store.get_many(pks)
+    assert rows[pks[1]].state.range == OffsetRange(5, 6)  # untouched
+    for i in (0, 2, 3):
+        r = rows[pks[i]]
+        assert (r.state.range, r.state.phase, r.state.epoch, r.shard, r.block_offsets) == \
+            (OffsetRange(10 * i + 10, 10 * i + 19), Phase.BEFORE, e, i, 7)
+    ok = [it for it in items if it.pk != pks[1]]
+    store.commit_many(ok, e)
+    assert {pk: r.state.phase for pk, r in store.get_many(pks).items()} == \
+        {pks[0]: Phase.AFTER, pks[1]: Phase.BEFORE, pks[2]: Phase.AFTER, pks[3]: Phase.AFTER}
+
+    newer = store.acquire_epoch("s1")  # a newer run: the old writer is fenced from BEFORE and AFTER alike
+    again = [Begin(pk, OffsetRange(100, 109), store.get(pk).state) for pk in (pks[0], pks[2])]
+    with pytest.raises(FencedError):
+        store.begin_many(again, e)
+    store.begin_many(again, newer)
+    with pytest.raises(FencedError):
+        store.commit_many(again, e)
+    store.commit_many(again, newer)
+    assert store.get(pks[2]).state.phase is Phase.AFTER

@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,11 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     workdir = tmp_path_factory.mktemp("node")
     with cluster(workdir) as c:
         print(f"\ncluster started in {c.started_in:.0f}s")
+        t0 = time.monotonic()
+        # every image the tests run, in one load: the layers they share are copied once
+        c.load([*(base_image(n) for n in ("python", "zookeeper", "kafka", "clickhouse", "spark-operator")),
+                *project_images()])
+        print(f"images loaded in {time.monotonic() - t0:.0f}s")
         yield c
     # Teardown leaves the machine as it found it: no mounts, chains, address, bridge or processes of the node.
     assert str(workdir) not in Path("/proc/mounts").read_text()
@@ -52,8 +58,9 @@ def base_image(name: str) -> str:
     return next(i for i in _image_names() if i.split(":")[0].rsplit("/", 1)[-1] == name)
 
 
-def project_images() -> list[str]:
+@functools.cache
+def project_images() -> tuple[str, str]:
     """chsink's own images from its Dockerfile: built again each session (the code changes between runs;
     buildah's layer cache keeps the dependencies)."""
     _images("project")
-    return [base_image("chsink-operator"), base_image("chsink-spark")]
+    return base_image("chsink-operator"), base_image("chsink-spark")

@@ -19,6 +19,10 @@ def test_the_projects_images_build_from_its_dockerfile_and_run_on_the_node(node:
     operator, spark = project_images()
     node.load([operator, spark])
     assert "usage" in _run(node, "operator-help", operator, "python", "-m", "sinkoperator", "--help").lower()
+    # the operator's image is slim: none of the writer's heavy packages (tests/packaging/test_operator_deps.py)
+    heavy = ("pyspark", "chdb", "pyarrow", "pandas")
+    probe = f"import importlib.util as u, sinkoperator.handlers; print([m for m in {heavy!r} if u.find_spec(m)])"
+    assert _run(node, "operator-slim", operator, "python", "-c", probe).strip().endswith("[]")
     out = _run(node, "spark-check", spark, "/opt/entrypoint.sh", "bash", "-c",
                "python3 /opt/chsink/main.py --help && java -version 2>&1 && ls /opt/spark/jars | grep -c kafka "
                "&& $SPARK_HOME/bin/spark-submit --version 2>&1 | grep -o 'version 4.0.0' | head -1")
