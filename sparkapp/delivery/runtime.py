@@ -244,10 +244,18 @@ class Runtime:
 
     def catch_up(self, topic: str, partition: int, start: int | None, upto: int) -> list[PartitionResult]:
         """Delivers a partition from `start` (where its state resumes) up to `upto`, re-read from Kafka: for a
-        partition that stalled on an unavailable shard while Spark moved on."""
+        partition that stalled on an unavailable shard while Spark moved on. Read and delivered a stretch of
+        at most a micro-batch's offsets (`maxOffsetsPerTrigger`, else `blockOffsets`) at a time, each its own
+        range: a long outage is never read into memory at once. A stretch that ends inside the stored BEFORE
+        range is fine: the plan re-reads that range whole (it is re-sent as recorded)."""
         if start is None or start > upto:
             return []
-        return self.process(topic, partition, read_range(self.cfg.kafka, topic, partition, OffsetRange(start, upto)))
+        step = self.cfg.batching.max_offsets_per_trigger or self.cfg.batching.block_offsets
+        results: list[PartitionResult] = []
+        for lo in range(start, upto + 1, step):
+            stretch = OffsetRange(lo, min(upto, lo + step - 1))
+            results += self.process(topic, partition, read_range(self.cfg.kafka, topic, partition, stretch))
+        return results
 
     def _unroutable_context(self, reasons: dict[int, str]) -> WriterContext:
         def reject(m: Message) -> list[Any]:

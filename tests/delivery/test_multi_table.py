@@ -60,3 +60,43 @@ def test_a_stalled_table_does_not_cost_the_other_table_its_batch(ch_db, ch_dsn, 
     for t, first in (("a", 0), ("b", 1)):
         got = [r[0] for r in client.query(f"SELECT _offset FROM `{db}`.{t} ORDER BY _offset").result_rows]
         assert got == list(range(first, 40, 2)), (t, got)
+
+
+def test_a_long_catch_up_is_read_a_micro_batch_at_a_time(ch_db, ch_dsn, chdb_config, kafka, topic, monkeypatch):
+    """A partition that stalled while Spark moved on is caught up from Kafka in stretches of at most
+    maxOffsetsPerTrigger offsets: memory stays bounded by a micro-batch, and every record lands once."""
+    from sparkapp.delivery import runtime
+
+    client, db = ch_db
+    client.command(TABLE.format(db=db, t="a"))
+    src = topic(1)
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(95):
+        p.produce(src, json.dumps({"id": i}).encode(), partition=0)
+    assert p.flush(30) == 0
+    cfg = parse_config({
+        "name": f"cu-{db}", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [src]},
+        "clickhouse": {"endpoints": [ch_dsn], "database": db, "tables": {"*": "a"},
+                       "chdbConfigFile": str(chdb_config)},
+        "batching": {"maxOffsetsPerTrigger": 20, "blockOffsets": 8},
+        "state": {"keeperPath": f"/cu_{db}"}, "checkpointLocation": "/unused"})
+    store = state_store(cfg, client)
+    store.ensure_schema()
+    rt = Runtime(cfg, store.acquire_epoch(cfg.name), client, store, None)
+    rt.process(src, 0, read_range(cfg.kafka, src, 0, OffsetRange(0, 14)))
+    pk = store.list_sink(cfg.name)[0].pk
+    store.begin(pk, OffsetRange(15, 34), rt.epoch, block_offsets=8)  # the batch that stalled, never sent
+
+    reads: list[int] = []
+    real = runtime.read_range
+
+    def counted(*a, **kw):
+        got = real(*a, **kw)
+        reads.append(len(got))
+        return got
+    monkeypatch.setattr(runtime, "read_range", counted)
+    rt.catch_up(src, 0, 15, 94)
+    assert reads and max(reads) <= 20, reads
+    got = [r[0] for r in client.query(f"SELECT _offset FROM `{db}`.a ORDER BY _offset").result_rows]
+    assert got == list(range(95))
+    assert store.get(pk).state.range.max == 94
