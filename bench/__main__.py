@@ -120,15 +120,17 @@ def _sample(proc: subprocess.Popen[bytes] | None) -> RssSampler | None:
 
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
             block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None,
-            dlq: str | None = None) -> dict[str, Any]:
+            dlq: str | None = None, key_shards: int = 0) -> dict[str, Any]:
     """(c)/(d): the real job (`python -m sparkapp run`) on its own chdb; (e)/(f) with `server`: over HTTP to
     that ClickHouse server, in a database of its own; until the topic is drained. `dlq`: bad records go there
-    (the dirty-data runs)."""
+    (the dirty-data runs). `key_shards`: rows routed by `user_id` over that many shards (a database each on
+    the same ClickHouse), each window split into per-shard sub-blocks."""
     chdb = work / "chdb"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     db = f"bench_{work.name}"
-    ddl = [f"CREATE DATABASE IF NOT EXISTS {db}", TABLE.format(db=db, table="events")]
+    dbs = [f"{db}_s{i}" for i in range(key_shards)] or [db]
+    ddl = [s for d in dbs for s in (f"CREATE DATABASE IF NOT EXISTS {d}", TABLE.format(db=d, table="events"))]
     if server is None:
         subprocess.run([sys.executable, "-m", "hack.chsql", str(chdb), *ddl], cwd=REPO, check=True,
                        capture_output=True)
@@ -138,9 +140,11 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
         client = clickhouse_connect.get_client(dsn=server.dsn)
         for stmt in ddl:
             client.command(stmt)
+    endpoint = server.dsn if server else f"chdb://{chdb}"
     cfg = {"name": f"bench-{work.name}", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [topic]},
-           "clickhouse": {"endpoints": [server.dsn if server else f"chdb://{chdb}"], "database": db,
-                          "tables": {topic: "events"}},
+           "clickhouse": {"endpoints": [endpoint] * len(dbs), "database": dbs[0], "tables": {topic: "events"},
+                          **({"shardDatabases": dbs} if key_shards else {})},
+           **({"sharding": {"policy": "key", "key": "user_id"}} if key_shards else {}),
            "state": {"engine": "EmbeddedRocksDB", "enabled": exactly_once},
            "batching": {"maxOffsetsPerTrigger": max_offsets, "blockOffsets": block_offsets,
                         "triggerInterval": "0 seconds"},
@@ -291,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             say(f"    {res_d['rows_per_s']:,.0f} rows/s; (c) and (d) on dirty data")
             dirty = {key: run_job(work / f"{key}_dirty", kafka, "bench-dirty", a.events, a.batch, eo, a.block,
                                   dlq="bench-dlq") for key, eo in (("c", True), ("d", False))}
-            say(f"    dirty: (c) {dirty['c']['rows_per_s']:,.0f}, (d) {dirty['d']['rows_per_s']:,.0f} rows/s")
+            say(f"    dirty: (c) {dirty['c']['rows_per_s']:,.0f}, (d) {dirty['d']['rows_per_s']:,.0f} rows/s; "
+                "(k) exactly-once, rows routed by key over 2 shards")
+            res_k = run_job(work / "k", kafka, topic, a.events, a.batch, True, a.block, key_shards=2)
+            say(f"    {res_k['rows_per_s']:,.0f} rows/s")
             res_e: dict[str, Any] = {}
             res_f: dict[str, Any] = {}
             res_peers: dict[str, Any] = {}
@@ -315,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions, "cores": cores,
         "mean_value_bytes": round(size, 1), "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
         "a": res_a, "b": res_b, "c": res_c, "d": res_d, "e": res_e, "f": res_f, **res_peers, "sweep": swept,
-        "dirty_share": a.dirty, "c_dirty": dirty["c"], "d_dirty": dirty["d"],
+        "dirty_share": a.dirty, "c_dirty": dirty["c"], "d_dirty": dirty["d"], "k": res_k,
+        "ratio_k_c": res_k["rows_per_s"] / c,
         "ratio_c_dirty_clean": dirty["c"]["rows_per_s"] / c,
         "ratio_d_dirty_clean": dirty["d"]["rows_per_s"] / res_d["rows_per_s"],
         "ratio_c_d_dirty": dirty["c"]["rows_per_s"] / dirty["d"]["rows_per_s"],

@@ -23,6 +23,7 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert data["e"]["path"] == "http, executors"
     assert data["c_dirty"]["rows"] == data["d_dirty"]["rows"] == data["events"]  # bad records dead-lettered
     assert data["ratio_c_dirty_clean"] > 0 and data["ratio_c_d_dirty"] > 0
+    assert data["k"]["rows"] == data["events"] and data["ratio_k_c"] > 0  # key routing, sub-blocks per shard
     cpu = data["e"]["cpu_cores_used"]  # per component: Spark, Python workers, the server, Kafka
     assert cpu["clickhouse_server"] > 0 and cpu["python_workers"] > 0 and cpu["driver_jvm"] > 0 and "kafka" in cpu
     assert data["ratio_e_f"] > 0 and data["ratio_e_c"] > 0
