@@ -3,19 +3,25 @@ SHELL := /bin/bash
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test lint lint-only demo bench clean
 DEMO_ARGS ?=
 
 setup:
 	@hack/setup.sh
 
 lint: setup
+	@$(MAKE) --no-print-directory lint-only
+
+lint-only:
 	ruff check sparkapp sinkoperator tests bench hack
 	mypy sparkapp sinkoperator bench hack
 
 # The sharding e2e tests run the job in-process (they act on its chdb engine while it runs), so they get a
 # pytest process, and a Spark driver, of their own.
-test: lint
+# The Kubernetes parts build in the background meanwhile (hack/setup.sh test).
+test:
+	@hack/setup.sh test
+	@$(MAKE) --no-print-directory lint-only
 	pytest $(PYTEST_ARGS) --ignore=tests/e2e/test_sharding.py
 	pytest $(PYTEST_ARGS) tests/e2e/test_sharding.py
 

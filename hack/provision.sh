@@ -2,9 +2,10 @@
 # Provisions the real test bed: apt packages, Kafka jars, Spark connector jars, kube-apiserver,
 # kubectl, etcd and helm built from Go modules, and the upstream SparkApplication CRDs.
 # Idempotent: every part lands in ~/.cache/chsink/<part>-<version> and is skipped when present.
-# Usage: hack/provision.sh [all|demo|apt|java|kafka|spark|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator]...
+# Usage: hack/provision.sh [all|early|late|demo|apt|java|kafka|spark|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator]...
 #   demo: only what `make demo` needs (a JRE, Kafka, Spark's Kafka connector); all: the whole test bed;
-#   cluster: the node (containerd, runc, CNI, kubelet and the rest, CoreDNS, the spark-operator, the images).
+#   cluster: the node (containerd, runc, CNI, kubelet and the rest, CoreDNS, the spark-operator, the images);
+#   early + late = all: what the first tests need (packages, jars), then the Go builds and images.
 set -euo pipefail
 LOG_TAG=provision
 # shellcheck source=common.sh
@@ -182,6 +183,8 @@ t_all=$SECONDS
 for p in "${parts[@]}"; do
   case $p in
     all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
+    early) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars ;;
+    late) crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
     cluster) apt_install $NODE_APT; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
     node) node_bins ;;
     coredns) coredns ;;

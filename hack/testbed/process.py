@@ -48,11 +48,31 @@ def k8s_part(name: str) -> str:
 
 
 def cached(part: str) -> Path:
-    """Path of a provisioned part, or a clear error telling how to provision it."""
+    """Path of a provisioned part (waiting for the background provisioning of `make test` when it is not there
+    yet), or a clear error telling how to provision it."""
     path = cache_dir() / part
+    if not path.exists():
+        await_provisioning()
     if not path.exists():
         raise TestbedError(f"test bed part {part!r} missing at {path}: run `make setup` (hack/provision.sh)")
     return path
+
+
+def await_provisioning() -> None:
+    """Waits until the background provisioning `make test` started (hack/setup.sh test) is done; raises with its
+    log when it failed. Returns at once when none runs."""
+    import fcntl
+
+    lock = cache_dir() / "provision-late.lock"
+    if not lock.exists():
+        return
+    with open(lock) as f:
+        fcntl.flock(f, fcntl.LOCK_SH)  # the background holds it exclusively until it ends
+    rc = cache_dir() / "provision-late.rc"
+    if rc.exists() and rc.read_text().strip() != "0":
+        log = cache_dir() / "provision-late.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        raise TestbedError(f"the background provisioning failed (exit {rc.read_text().strip()}):\n{tail}")
 
 
 def free_port() -> int:

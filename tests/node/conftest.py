@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hack.testbed.node import BRIDGE, NODE_IP, Cluster, cluster
-from hack.testbed.process import REPO
+from hack.testbed.process import REPO, await_provisioning
 
 
 def _images(*args: str) -> str:
@@ -28,6 +28,7 @@ def _images(*args: str) -> str:
 
 @pytest.fixture(scope="session")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    await_provisioning()  # `make test` builds the node's parts and images in the background
     _images("base")
     workdir = tmp_path_factory.mktemp("node")
     with cluster(workdir) as c:
