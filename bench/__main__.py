@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             if not a.no_http:
                 with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
                     assert isinstance(server, ClickHouseServer)
-                    say(f"    {res_d['rows_per_s']:,.0f} rows/s; (e) exactly-once over HTTP, executors writing")
+                    say("(e) exactly-once over HTTP, executors writing")
                     res_e = run_job(work / "e", kafka, topic, a.events, a.batch, True, a.block, server=server)
                     say(f"    {res_e['rows_per_s']:,.0f} rows/s; (f) at-least-once over HTTP")
                     res_f = run_job(work / "f", kafka, topic, a.events, a.batch, False, a.block, server=server)

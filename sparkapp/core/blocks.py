@@ -71,6 +71,7 @@ class LineBlock:
     offsets: tuple[int, ...]
     lines: Any = None  # the Arrow slice the payload came from (to cut a partial retry)
     shard: int = 0
+    keys: tuple[Any, ...] | None = None  # each row's routing key, as the decoder reads it (policy key)
 
     @property
     def rows(self) -> int:
@@ -129,8 +130,9 @@ def split_block(block: Block | LineBlock, shards: Sequence[int],
         offsets = tuple(block.offsets[i] for i in idx)
         if isinstance(block, LineBlock):
             lines = block.lines.take(idx)
+            keys = None if block.keys is None else tuple(block.keys[i] for i in idx)
             out.append((s, replace(block, token=token_of(s), payload=payload(lines), offsets=offsets, lines=lines,
-                                   shard=s)))
+                                   shard=s, keys=keys)))
         else:
             data = tuple([col[i] for i in idx] for col in block.data)
             out.append((s, replace(block, token=token_of(s), data=data, offsets=offsets, shard=s)))

@@ -24,7 +24,7 @@ from ..edges.store import PartitionKey, StateStore, resume_positions, state_stor
 from ..formats.jsoneachrow import LineBatch, eligible
 from ..formats.registry import Format, make_decoder
 from ..formats.rows import DecodeError, Decoder
-from ..formats.schema import SchemaError, TableSchema
+from ..formats.schema import METADATA_COLUMNS, SchemaError, TableSchema
 from .context import DataLossError, PartitionResult, Refetch, WriterContext
 from .writer import write_lines, write_lines_many, write_partition
 
@@ -204,9 +204,10 @@ class Runtime:
         if topic not in self.fast:
             ch, fmt = self.cfg.clickhouse, self.cfg.format
             table = ch.table_for(topic)
-            key_routed = any(lay.needs_key for lay in self.cfg.layouts().values())
+            # rows routed by a metadata column (`_key`...): those values are not in the record, the decoder has them
+            meta_key = any(lay.needs_key and lay.key in METADATA_COLUMNS for lay in self.cfg.layouts().values())
             ctx = None if ch.routed or table is None or fmt.type is not Format.JSON or fmt.parser != "clickhouse" \
-                or key_routed else self._context(table)
+                or meta_key else self._context(table)
             self.fast[topic] = ctx if ctx is not None and eligible(ctx.inserter.schema) else None
         return self.fast[topic]
 

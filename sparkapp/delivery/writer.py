@@ -22,6 +22,7 @@ from ..edges.insert import InsertError, first_line
 from ..edges.shards import ShardUnavailableError
 from ..edges.store import Begin, DlqPhase, FencedError, PartitionKey, StateConflict, StateRow
 from ..formats.jsoneachrow import LineBatch, guard
+from ..formats.keys import line_keys
 from ..formats.rows import decode_batch
 from .context import DataLossError, DeadLetterSink, PartitionResult, WriterContext, ordered, require_dlq
 from .plain import write_plain, write_plain_lines
@@ -185,12 +186,23 @@ def _lines_range(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
     sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
     messages = functools.cache(lambda: ordered(batch.messages()))  # read at most once, when a window needs it
     for sw in windows:
-        if sw.decoder:
-            log.info("%s: window %s takes the decoder (a suspect record it keeps)", pk, sw.window)
+        keys = None if sw.decoder else _route_keys(ctx, place, sw)
+        if keys is None:
+            log.info("%s: window %s takes the decoder (a suspect record it keeps, or a key it reads)", pk, sw.window)
             _decode_window(ctx, pk, rng, sw.window, retry, messages(), sent, result, place)
         else:
-            _lines_window(ctx, pk, batch, (rng, sw.window, retry, place), sw.offsets, sw.lines, messages, sent,
-                          result)
+            _lines_window(ctx, pk, batch, (rng, sw.window, retry, place), (sw.offsets, sw.lines, keys), messages,
+                          sent, result)
+
+
+def _route_keys(ctx: WriterContext, place: Placement, sw: Sifted) -> dict[int, Any] | None:
+    """Each line's routing key by offset when the range's layout routes rows by key (empty when it does not);
+    None when a line's key is not read as the decoder reads it: the window takes the decoder."""
+    if ctx.shards is None or not ctx.shards.layouts[place.layout].needs_key:
+        return {}
+    schema = ctx.inserter.schema
+    keys = line_keys(sw.lines, schema.columns[schema.names.index(ctx.shards.layouts[place.layout].key)])
+    return None if keys is None else dict(zip(sw.offsets, keys, strict=True))
 
 
 def write_lines_many(items: Sequence[tuple[WriterContext, PartitionKey, LineBatch]]
@@ -296,14 +308,18 @@ def _shared_dlq(ranges: list[tuple[WriterContext, PartitionKey, list[DeadLetter]
 
 
 def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
-                  where: tuple[OffsetRange, OffsetRange, bool, Placement], offsets: tuple[int, ...], lines: Any,
-                  messages: Callable[[], list[Message]], sent: set[int], result: PartitionResult) -> None:
-    """One sifted window of the fast path (`where`: its range, the window, whether a retry, its placement): sent,
-    the lines ClickHouse refuses all the same sifted out, or the whole window through the decoder."""
+                  where: tuple[OffsetRange, OffsetRange, bool, Placement],
+                  what: tuple[tuple[int, ...], Any, dict[int, Any]], messages: Callable[[], list[Message]],
+                  sent: set[int], result: PartitionResult) -> None:
+    """One sifted window of the fast path (`where`: its range, the window, whether a retry, its placement; `what`:
+    its offsets, lines and routing keys): sent, the lines ClickHouse refuses all the same sifted out, or the
+    whole window through the decoder."""
     rng, w, retry, place = where
+    offsets, lines, keys = what
 
     def send(offs: tuple[int, ...], ls: Any) -> None:
-        block = LineBlock(w, _token(pk, w, place.shard), payload(ls), offs, ls, place.shard)
+        block = LineBlock(w, _token(pk, w, place.shard), payload(ls), offs, ls, place.shard,
+                          tuple(keys[o] for o in offs) if keys else None)
         _send(ctx, pk, [block], retry, result, place)
 
     def dead_letter(dead: list[DeadLetter]) -> None:
@@ -440,8 +456,8 @@ def _split(ctx: WriterContext, pk: PartitionKey, block: Block | LineBlock,
     lay = ctx.shards.layouts[place.layout]
     keys = None
     if lay.needs_key:
-        assert isinstance(block, Block), "key routing takes the decoding path"
-        keys = block.data[block.columns.index(lay.key)]
+        keys = block.data[block.columns.index(lay.key)] if isinstance(block, Block) else block.keys
+        assert keys is not None, "a line block routed by key carries its keys"
     return split_block(block, lay.row_shards(block.offsets, keys), lambda s: _token(pk, block.window, s))
 
 

@@ -21,7 +21,7 @@ class DecodeError(ValueError):
     """A record's payload cannot be decoded or does not fit the table."""
 
 
-def _nested_value(record: dict[str, Any], name: str) -> tuple[bool, Any]:
+def nested_value(record: dict[str, Any], name: str) -> tuple[bool, Any]:
     """Finds `a.b` either as a flat key or as field b of each object in the array at `a` (Nested)."""
     if name in record:
         return True, record[name]
@@ -54,7 +54,7 @@ def record_to_row(schema: TableSchema, record: dict[str, Any], msg: Message, unk
             v = _metadata(msg, col.name)
             row.append(None if v is None and col.type.name == "Nullable" else col.conv(v if v is not None else ""))
             continue
-        found, v = _nested_value(record, col.name)
+        found, v = nested_value(record, col.name)
         if not found:
             row.append(col.default)
             continue

@@ -1,0 +1,88 @@
+"""Routing keys read from JSONEachRow lines, as the decoder reads them (rows routed by `key` on the fast path).
+
+A window's sub-blocks must be the same on the fast path and through the decoder, or a retry on the other
+path would send a row to another shard under a token that shard has already seen. So each line's key is
+the value the decoder's row would hold: Arrow's JSON reader, typed by the column, reads the plain lines
+in one pass (it refuses a field given twice or of another type, which the decoder may read otherwise);
+a line it cannot vouch for (a missing or null key, an escape in the line, a failed pass) is read by the
+decoder's own functions. When even those fail, the decoder would dead-letter or read the record some
+other way: there is no key, and the window takes the decoder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .chtypes import ConversionError
+from .json import read_json
+from .rows import DecodeError, nested_value
+from .schema import Column
+
+# The key column types Arrow's reader reads exactly as the decoder converts a JSON value of its own kind.
+_ARROW = {"String": "string", "Int64": "int64", "UInt64": "uint64"}
+
+
+def line_keys(lines: Any, col: Column) -> list[Any] | None:
+    """The key of each line (an Arrow string array of JSON objects, one per line, each ending in a newline),
+    in order; None when a line's key is not one the decoder would read alike."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(lines) == 0:
+        return []
+    keys: list[Any] = [None] * len(lines)
+    plain = _plain(lines, col)
+    if plain is not None:
+        picked = np.flatnonzero(plain)
+        if len(picked):
+            read = _arrow_read(lines if len(picked) == len(lines) else lines.take(pa.array(picked, pa.int64())), col)
+            if read is not None:
+                for i, k in zip(picked.tolist(), read, strict=True):
+                    keys[i] = k
+    rest = [i for i, k in enumerate(keys) if k is None]
+    if rest:
+        odd = lines.take(pa.array(rest, pa.int64())) if len(rest) < len(lines) else lines
+        for i, raw in zip(rest, odd.view(pa.binary()).to_pylist(), strict=True):  # bytes: maybe not UTF-8
+            try:
+                keys[i] = decoder_key(raw, col)
+            except (DecodeError, ConversionError):
+                return None
+    return keys
+
+
+def decoder_key(line: bytes, col: Column) -> Any:
+    """The key column's value in the row the decoder makes of this JSON object (DecodeError/ConversionError
+    when it makes none of it)."""
+    found, v = nested_value(read_json(line), col.name)
+    return col.conv(v) if found else col.default
+
+
+def _plain(lines: Any, col: Column) -> Any:
+    """Which lines Arrow's reader may read (a numpy bool mask), or None when it reads none of them."""
+    import pyarrow.compute as pc
+
+    base = col.type.args[0] if col.type.name == "LowCardinality" else col.type
+    if base.name not in _ARROW or "." in col.name:  # a dotted name may be a Nested field: the decoder decides
+        return None
+    escaped = pc.match_substring(lines, "\\").to_numpy(zero_copy_only=False)
+    return ~escaped
+
+
+def _arrow_read(lines: Any, col: Column) -> list[Any] | None:
+    """One pass of Arrow's JSON reader over the lines, typed by the column: each line's key, None where it has
+    none (missing or null); None for all when Arrow refuses any line."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    from ..core.blocks import payload
+
+    base = col.type.args[0] if col.type.name == "LowCardinality" else col.type
+    schema = pa.schema([(col.name, getattr(pa, _ARROW[base.name])())])
+    opts = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    data = payload(lines)  # the lines' own bytes, not copied
+    try:
+        table = pj.read_json(pa.BufferReader(pa.py_buffer(data)),
+                             read_options=pj.ReadOptions(block_size=max(len(data), 1 << 20)), parse_options=opts)
+        return None if table.num_rows != len(lines) else list(table.column(0).to_pylist())
+    except (pa.ArrowInvalid, UnicodeDecodeError):  # a line Arrow refuses, or text it let through undecoded
+        return None
