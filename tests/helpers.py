@@ -14,9 +14,10 @@ from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
 from sparkapp.formats.rows import decode_batch
 
 
-def msg(value: Any, offset: int = 0, topic: str = "t", partition: int = 0, key: bytes | None = None) -> Message:
+def msg(value: Any, offset: int = 0, topic: str = "t", partition: int = 0, key: bytes | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (), timestamp_type: int = 0) -> Message:
     raw = value if isinstance(value, bytes | type(None)) else json.dumps(value).encode()
-    return Message(topic, partition, offset, raw, key, 1_700_000_000_000 + offset)
+    return Message(topic, partition, offset, raw, key, 1_700_000_000_000 + offset, headers, timestamp_type)
 
 
 def load_rows(client: Any, db: str, table: str, messages: list[Message], spec: DecoderSpec | None = None):
@@ -95,6 +96,9 @@ def messages_table(messages: list[Message]):
         "key": pa.array([m.key for m in messages], pa.binary()), "value": pa.array([m.value for m in messages], pa.binary()),
         "timestamp": pa.array([dt.datetime.fromtimestamp(m.timestamp_ms / 1000, dt.UTC) for m in messages],
                               pa.timestamp("us", "UTC")),
+        "timestampType": pa.array([m.timestamp_type for m in messages], pa.int32()),
+        "headers": pa.array([[{"key": k, "value": v} for k, v in m.headers] for m in messages],
+                            pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
     })
 
 

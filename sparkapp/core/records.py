@@ -16,6 +16,7 @@ class Message:
     key: bytes | None = None
     timestamp_ms: int = 0
     headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_type: int = 0  # as Spark's source numbers it: 0 CreateTime, 1 LogAppendTime
 
     @property
     def where(self) -> str:

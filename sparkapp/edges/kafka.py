@@ -125,11 +125,15 @@ def _scan(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRange, timeou
 
 def read_range(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRange, timeout: float = 60.0) -> list[Message]:
     """Reads every message with an offset in rng (gaps are skipped by Kafka itself)."""
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+
     out: list[Message] = []
 
     def take(m: Any) -> None:
-        out.append(Message(topic, partition, m.offset(), m.value(), m.key(), m.timestamp()[1],
-                           tuple((k, v or b"") for k, v in (m.headers() or []))))
+        kind, ts = m.timestamp()
+        out.append(Message(topic, partition, m.offset(), m.value(), m.key(), ts,
+                           tuple((k, v or b"") for k, v in (m.headers() or [])),
+                           int(kind == TIMESTAMP_LOG_APPEND_TIME)))  # numbered as Spark's source numbers it
 
     _scan(cfg, topic, partition, rng, timeout, take)
     return out

@@ -1,9 +1,9 @@
 """The fast path for JSON: ClickHouse parses the records itself (JSONEachRow), Python never touches a row.
 
 Each Kafka record whose value is a JSON object becomes one JSONEachRow line with the table's
-metadata columns (`_topic`, `_partition`, `_offset`, `_timestamp`, `_key`) spliced in, built with
-vectorized Arrow compute from the Arrow batch Spark hands over, and contiguous slices of those lines
-go to ClickHouse as INSERT payloads, zero-copy. Windows and tokens are the same as on the decoding
+metadata columns (`_topic`, `_partition`, `_offset`, `_timestamp`, `_key`, `_headers`, `_timestamp_type`)
+spliced in, built with vectorized Arrow compute from the Arrow batch Spark hands over, and contiguous
+slices of those lines go to ClickHouse as INSERT payloads, zero-copy. Windows and tokens are the same as on the decoding
 path, so the exactly-once protocol does not change. A record ClickHouse cannot parse or fit, or could
 alter (the Guard), is decoded alone by the Python decoder, which names it and dead-letters it; its
 neighbours stay on this path (delivery/sift.py).
@@ -20,7 +20,8 @@ from ..core.blocks import cut_windows
 from ..core.records import Message
 from ..core.state_machine import OffsetRange
 from .chtypes import CHType
-from .schema import METADATA_COLUMNS, TableSchema
+from .rows import header_map
+from .schema import METADATA_COLUMNS, TIMESTAMP_TYPES, TableSchema
 
 _PLAIN_KEY = r"^[ !#-\[\]-~]*$"  # printable ASCII but `"` and `\\`: needs no JSON escaping
 
@@ -66,6 +67,13 @@ def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
             escaped = pa.array([special.get(i, "") for i in range(len(key))], pa.string())
             quoted = pc.if_else(plain, quoted, escaped)
         parts.append(pc.fill_null(quoted, ""))  # a null key: no field at all
+    if "_timestamp_type" in schema_columns:
+        log_append = pc.equal(tbl.column("timestampType"), 1) if "timestampType" in tbl.column_names else None
+        kinds = [f',"_timestamp_type":"{t}"' for t in TIMESTAMP_TYPES]
+        parts.append(kinds[0] if log_append is None else
+                     pc.if_else(pc.fill_null(log_append, False), kinds[1], kinds[0]))
+    if "_headers" in schema_columns:
+        parts.append(_header_parts(tbl))
     if not parts:
         return _array(pc.if_else(ok, pc.binary_join_element_wise(body, "\n", ""), pa.scalar(None, pa.string())))
     if isinstance(parts[0], str):  # each part carries its leading comma; the first opens the object
@@ -78,6 +86,24 @@ def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
         rest = pc.if_else(empty, "}", rest)
     line = pc.binary_join_element_wise(*parts, rest, "\n", "")  # one pass, one allocation
     return _array(pc.if_else(ok, line, pa.scalar(None, pa.string())))
+
+
+def _header_parts(tbl: Any) -> Any:
+    """`,"_headers":{...}` of each record: the map rows.header_map makes, as JSON (one constant when no record
+    has headers, the common case; else built record by record)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    empty = ',"_headers":{}'
+    if "headers" not in tbl.column_names:
+        return empty
+    col = tbl.column("headers").combine_chunks()
+    if not pc.any(pc.fill_null(pc.greater(pc.list_value_length(col), 0), False)).as_py():
+        return empty
+    return pa.array([',"_headers":' + json.dumps(header_map((h["key"], h["value"]) for h in hs or ()),
+                                                 ensure_ascii=False) for hs in col.to_pylist()], pa.string())
 
 
 def _array(a: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..core.records import DeadLetter, Message
 from .chtypes import ConversionError
-from .schema import METADATA_COLUMNS, TableSchema
+from .schema import METADATA_COLUMNS, TIMESTAMP_TYPES, TableSchema
 
 Decoder = Callable[[Message], list[Any]]  # message -> row in the table's column order, or DecodeError
 
@@ -42,7 +42,18 @@ def _metadata(msg: Message, name: str) -> Any:
         return msg.offset
     if name == "_timestamp":
         return dt.datetime.fromtimestamp(msg.timestamp_ms / 1000, tz=dt.UTC)
+    if name == "_timestamp_type":
+        return TIMESTAMP_TYPES[msg.timestamp_type == 1]
+    if name == "_headers":
+        return header_map(msg.headers)
     return None if msg.key is None else msg.key.decode("utf-8", errors="replace")
+
+
+def header_map(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str]:
+    """A record's headers as the `_headers` map: a name given more than once keeps its last value (as Kafka's
+    `Headers.lastHeader` reads it), values as UTF-8 text (bytes that are not UTF-8 replaced by U+FFFD, as
+    `_key`'s are), a null value as ''. Both paths build the map here."""
+    return {k: (v or b"").decode("utf-8", errors="replace") for k, v in headers}
 
 
 def record_to_row(schema: TableSchema, record: dict[str, Any], msg: Message, unknown: str = "ignore") -> list[Any]:

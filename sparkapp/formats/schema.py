@@ -7,7 +7,11 @@ from typing import Any
 
 from .chtypes import CHType, Converter, converter, parse_type, zero_value
 
-METADATA_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
+METADATA_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_headers", "_timestamp_type")
+TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")  # a record's timestamp type, by Spark's number for it
+
+# The types a metadata column whose value is not a plain scalar may have, and what else it could be given
+_HEADER_TYPES = {"Map(String, String)", "Map(LowCardinality(String), String)"}
 
 
 class SchemaError(RuntimeError):
@@ -50,9 +54,26 @@ def build_schema(database: str, table: str, rows: list[tuple[str, str, str, Any]
         if kind in ("MATERIALIZED", "ALIAS", "EPHEMERAL"):
             continue  # computed by ClickHouse, never inserted
         t = parse_type(type_text)
+        _check_metadata(database, table, name, t)
         conv = converter(t)
         value = zero_value(t) if kind == "" else conv(default) if default is not None else zero_value(t)
         cols.append(Column(name, t, kind, value, conv, type_text))
     if not cols:
         raise SchemaError(f"table `{database}`.`{table}` has no insertable columns")
     return TableSchema(database, table, tuple(cols))
+
+
+def _check_metadata(database: str, table: str, name: str, t: CHType) -> None:
+    """A metadata column whose type cannot hold what chsink puts in it is refused before anything is written
+    (a record could not be stored, and it is no record's fault)."""
+    where = f"column `{name}` of `{database}`.`{table}`"
+    if name == "_headers" and str(t) not in _HEADER_TYPES:
+        raise SchemaError(f"{where} holds the record's Kafka headers: its type must be Map(String, String), not {t}")
+    if name == "_timestamp_type":
+        base = t.args[0] if t.name == "LowCardinality" and isinstance(t.args[0], CHType) else t
+        if base.name == "String":
+            return
+        names = {a[0] for a in base.args if isinstance(a, tuple)} if base.name in ("Enum8", "Enum16") else set()
+        if not set(TIMESTAMP_TYPES) <= names:
+            raise SchemaError(f"{where} holds the record's timestamp type: its type must be String or an Enum with "
+                              f"{' and '.join(map(repr, TIMESTAMP_TYPES))}, not {t}")

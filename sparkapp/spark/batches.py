@@ -72,10 +72,12 @@ def table_messages(tbl: Any) -> list[Message]:
     ts = pc.cast(tbl.column("timestamp"), pa.int64()).to_pylist()
     cols = {n: tbl.column(n).to_pylist() for n in ("topic", "partition", "offset", "key", "value")}
     headers = tbl.column("headers").to_pylist() if "headers" in tbl.column_names else None
+    kinds = tbl.column("timestampType").to_pylist() if "timestampType" in tbl.column_names else None
     return [
         Message(cols["topic"][j], cols["partition"][j], cols["offset"][j], cols["value"][j], cols["key"][j],
                 (ts[j] or 0) // 1000,
-                tuple((h["key"], h["value"] or b"") for h in (headers[j] or [])) if headers else ())
+                tuple((h["key"], h["value"] or b"") for h in (headers[j] or [])) if headers else (),
+                (kinds[j] or 0) if kinds else 0)
         for j in range(tbl.num_rows)
     ]
 

@@ -181,6 +181,9 @@ class SinkJob:
         self.starting: dict[str, dict[str, int]] = {}
         self.stalled: dict[tuple[str, int], int] = {}  # partition -> highest offset Spark handed over
         self.catch_up_every = 5.0
+        # whether Spark's source reads the records' headers (it costs it some): for routing by header, or for a
+        # table with a `_headers` column (a routed sink's tables are not known up front)
+        self.with_headers = cfg.clickhouse.routed
 
     def preflight(self) -> dict[str, int]:
         """Checks everything a user can get wrong before Spark starts; raises ConfigError."""
@@ -195,6 +198,7 @@ class SinkJob:
             if table is not None:
                 try:
                     schema = load_schema(client, ch.shard_database(0), table)
+                    self.with_headers |= "_headers" in schema.names
                     unsafe = unsafe_target(client, schema, self.cfg.state.enabled)
                 except Exception as e:
                     raise ConfigError(f"clickhouse.tables[{topic!r}]: {e}") from None
@@ -216,8 +220,8 @@ class SinkJob:
             raise RuntimeError(STOP_MARKER)  # fails this batch before any write: the checkpoint stays put
         with self.in_batch:
             t0 = time.monotonic()
-            cols = ["topic", "partition", "offset", "key", "value", "timestamp"]
-            if self.cfg.clickhouse.table_header:
+            cols = ["topic", "partition", "offset", "key", "value", "timestamp", "timestampType"]
+            if self.with_headers:
                 cols.append("headers")
             self.writer.write(batch_df.selectExpr(*cols), batch_id, t0)
 
@@ -276,7 +280,7 @@ class SinkJob:
         reader = spark.readStream.format("kafka").options(**k.spark_options())
         reader = reader.option("subscribePattern", k.topic_pattern) if k.topic_pattern else \
             reader.option("subscribe", ",".join(parts))
-        if self.cfg.clickhouse.table_header:
+        if self.with_headers:
             reader = reader.option("includeHeaders", "true")
         if self.cfg.batching.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(self.cfg.batching.max_offsets_per_trigger))

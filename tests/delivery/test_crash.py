@@ -24,15 +24,28 @@ from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
 from tests.helpers import line_batch, msg, read_dlq
 
 CRASH_RUNS_PER_CASE = 30
+# the record's metadata too (key, headers, timestamp type), compared value for value at the end
+METADATA = ("_topic String, _partition UInt32, _offset UInt64, _key Nullable(String), _headers Map(String, String), "
+            "_timestamp_type Enum8('CreateTime' = 0, 'LogAppendTime' = 1)")
 VARIANTS = {
     # name: (table columns beyond id, dedup window)
     "token-only": ("_offset UInt64", 10_000),
-    "token+recount": ("_topic String, _partition UInt32, _offset UInt64", 10_000),
-    "window-expired": ("_topic String, _partition UInt32, _offset UInt64", 0),
+    "token+recount": (METADATA, 10_000),
+    "window-expired": (METADATA, 0),
 }
 
 
 BAD = (b"{broken", b'{"id": "not a number"}')  # the second is a JSON object only ClickHouse rejects
+
+
+HEADERS = (lambda i: (), lambda i: (("trace", b"t%d" % i),),
+           lambda i: (("trace", b"old"), ("trace", b"t%d" % i), ("bin", b"\xff"), ("n", b"")))
+
+
+def expected_metadata(i: int) -> tuple[str | None, dict[str, str], str]:
+    """What the table holds for the i-th record of a stream: its key, headers and timestamp type."""
+    headers = {k: v.decode("utf-8", errors="replace") for k, v in HEADERS[i % len(HEADERS)](i)}
+    return (f"k{i}" if i % 2 else None), headers, ("LogAppendTime" if i % 3 == 0 else "CreateTime")
 
 
 class Crash(Exception):
@@ -48,7 +61,8 @@ def stream(rng: random.Random, topic: str, partition: int, n: int) -> list[Messa
     out, off = [], rng.randrange(0, 5)
     for i in range(n):
         value = rng.choice(BAD) if rng.random() < 0.04 else {"id": partition * 100_000 + i}
-        out.append(msg(value, offset=off, topic=topic, partition=partition))
+        out.append(msg(value, offset=off, topic=topic, partition=partition, key=b"k%d" % i if i % 2 else None,
+                       headers=HEADERS[i % len(HEADERS)](i), timestamp_type=int(i % 3 == 0)))
         off += 1 if rng.random() < 0.8 else rng.randrange(2, 6)
     return out
 
@@ -160,6 +174,9 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed):
     dupes = client.query("SELECT id, count() c FROM ev GROUP BY id HAVING c > 1 LIMIT 5").result_rows
     assert dupes == [], f"duplicated rows {dupes} (crashes: {crashes})"
     assert [tuple(r) for r in got] == expected, f"lost rows (crashes: {crashes})"
+    if "_headers" in cols:  # every value stored exactly as the record had it, whichever path took it
+        stored = client.query("SELECT id, _key, _headers, _timestamp_type FROM ev ORDER BY id").result_rows
+        assert [tuple(r) for r in stored] == [(i, *expected_metadata(i % 100_000)) for i, _ in expected]
 
 
 def _write_together(ctx: WriterContext, store: StateStore, logs: dict[int, list[Message]], names: tuple[str, ...],

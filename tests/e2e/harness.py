@@ -28,9 +28,15 @@ from hack.testbed.servers import ClickHouseServer
 EVENTS_TABLE = (
     "CREATE TABLE IF NOT EXISTS {db}.events (id UInt64, name LowCardinality(String), amount Decimal(12, 2), "
     "ts DateTime64(3, 'UTC'), tags Array(String), attrs Map(String, String), note Nullable(String), "
-    "_topic LowCardinality(String), _partition UInt16, _offset UInt64) "
+    "_topic LowCardinality(String), _partition UInt16, _offset UInt64, _headers Map(String, String), "
+    "_timestamp_type Enum8('CreateTime' = 0, 'LogAppendTime' = 1)) "
     "ENGINE = MergeTree ORDER BY (_topic, _partition, _offset) SETTINGS non_replicated_deduplication_window = 10000"
 )
+
+
+# the rows whose `_headers` or `_timestamp_type` are not what BackgroundProducer gave their records
+HEADERS_WRONG = ("length(mapKeys(_headers)) != id % 2 OR _headers['trace'] != if(id % 2 = 1, concat('t', toString(id)), '') "
+                 "OR _timestamp_type != 'CreateTime'")
 
 
 def event(i: int) -> dict[str, Any]:
@@ -207,7 +213,8 @@ class BackgroundProducer(threading.Thread):
                     self.bad += 1
                 else:
                     value = json.dumps(event(i)).encode()
-                p.produce(self.topic, value, key=str(i).encode(), partition=rnd.randrange(self.partitions))
+                p.produce(self.topic, value, key=str(i).encode(), partition=rnd.randrange(self.partitions),
+                          headers=[("trace", b"t%d" % i)] if i % 2 else None)  # see HEADERS_WRONG
                 self.sent += 1
                 if self.sent % 500 == 0:
                     p.poll(0)

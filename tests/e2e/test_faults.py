@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .harness import BackgroundProducer, SinkHarness
+from .harness import HEADERS_WRONG, BackgroundProducer, SinkHarness
 
 KILLS = int(os.environ.get("CHSINK_FAULT_KILLS", "10"))
 
@@ -24,6 +24,8 @@ def check_exactly_once(sink: SinkHarness, produced: int, bad: int) -> dict:
     assert (totals["clickhouse"], totals["dead_lettered"]) == (produced - bad, bad)
     [[count, unique]] = sink.sql(f"SELECT count(), uniqExact(_topic, _partition, _offset) FROM {sink.db}.events")[0]
     assert count == unique == produced - bad
+    [[wrong]] = sink.sql(f"SELECT count() FROM {sink.db}.events WHERE {HEADERS_WRONG}")[0]
+    assert wrong == 0, "a row's Kafka headers or timestamp type not stored as produced"
     return report
 
 
