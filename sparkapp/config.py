@@ -209,6 +209,8 @@ class FormatConfig(Strict):
     max_message_bytes: int = Field(default=8 << 20, alias="maxMessageBytes", gt=0)
     parser: Literal["clickhouse", "python"] = Field(
         default="clickhouse", description="json: ClickHouse parses clean records (fast); python decodes each one")
+    envelope: Literal["none", "debezium"] = Field(
+        default="none", description="debezium: each value is a change event, stored as its row with _op, _deleted")
 
     @model_validator(mode="after")
     def _avro(self) -> FormatConfig:
@@ -216,11 +218,13 @@ class FormatConfig(Strict):
             raise ValueError("format avro needs `avroSchema` or `schemaRegistryUrl`")
         if self.avro_schema:
             json.loads(self.avro_schema)
+        if self.envelope == "debezium" and self.type is Format.STRING:
+            raise ValueError("envelope debezium needs a record format (json or avro), not string")
         return self
 
     def decoder_spec(self) -> DecoderSpec:
         return DecoderSpec(self.type, self.unknown_fields, self.avro_schema, self.schema_registry_url,
-                           self.max_message_bytes)
+                           self.max_message_bytes, self.envelope)
 
 
 class StateConfig(Strict):

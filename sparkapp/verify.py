@@ -36,6 +36,7 @@ class PartitionReport:
     clickhouse: int = 0
     dead_lettered: int = 0
     pending: int = 0
+    tombstones: int = 0  # a change stream's tombstones: records that hold no row (envelope debezium)
     duplicates: list[int] = field(default_factory=list)
     gaps: list[int] = field(default_factory=list)
     outside: list[int] = field(default_factory=list)
@@ -54,7 +55,7 @@ class Report:
 
     @property
     def totals(self) -> dict[str, int]:
-        keys = ("clickhouse", "dead_lettered", "pending")
+        keys = ("clickhouse", "dead_lettered", "pending", "tombstones")
         out = {k: sum(getattr(p, k) for p in self.partitions) for k in keys}
         out["kafka"] = sum(p.high - p.low for p in self.partitions)
         out["duplicates"] = sum(len(p.duplicates) for p in self.partitions)
@@ -86,6 +87,8 @@ class Report:
                 if offs:
                     lines.append(f"{p.topic}/{p.partition} {label}: {offs[:20]}{' ...' if len(offs) > 20 else ''}")
         lines += self.notes
+        if t["tombstones"]:
+            lines.append(f"{t['tombstones']} tombstone(s) of the change stream: records that hold no row")
         lines.append("OK: every offset is in ClickHouse or the DLQ exactly once" if self.ok else
                      f"ANOMALIES: {t['duplicates']} duplicated, {t['gaps']} missing, {t['outside']} outside the range")
         return "\n".join(lines)
@@ -134,13 +137,22 @@ def _dlq_offsets(cfg: SinkConfig) -> Counter[tuple[str, int, int]]:
         c.close()
 
 
-def _existing(cfg: SinkConfig, topic: str, partition: int, missing: list[int]) -> list[int]:
+def _existing(cfg: SinkConfig, topic: str, partition: int, missing: list[int],
+              rep: PartitionReport | None = None) -> list[int]:
     """Of offsets missing from ClickHouse and the DLQ, those that hold records in Kafka: one read over their
-    whole span, so every one is checked, wherever compaction left holes."""
+    whole span, so every one is checked, wherever compaction left holes. A change stream's tombstones hold no
+    row: they are counted in `rep`, not returned."""
     if not missing:
         return []
-    present = present_offsets(cfg.kafka, topic, partition, OffsetRange(missing[0], missing[-1]))
-    return [o for o in missing if o in present]
+    span = OffsetRange(missing[0], missing[-1])
+    if cfg.format.envelope == "none":
+        present = present_offsets(cfg.kafka, topic, partition, span)
+        return [o for o in missing if o in present]
+    wanted = set(missing)
+    records = [m for m in read_range(cfg.kafka, topic, partition, span) if m.offset in wanted]
+    if rep is not None:
+        rep.tombstones += sum(1 for m in records if m.value is None)
+    return [m.offset for m in records if m.value is not None]
 
 
 def _routed_gaps(cfg: SinkConfig, topic: str, partition: int, missing: list[int],
@@ -191,7 +203,7 @@ def verify(cfg: SinkConfig) -> Report:
             absent = [o for o in range(lo, hi) if o not in ch_here and o not in dlq_here]
             tables_at = {r.pk.table: r.state.resume_offset for r in rows if (r.pk.topic, r.pk.partition) == (topic, p)}
             reach = max(tables_at.values(), default=rep.delivered_to)  # the fastest table's position
-            rep.gaps = _existing(cfg, topic, p, [o for o in absent if o < rep.delivered_to])
+            rep.gaps = _existing(cfg, topic, p, [o for o in absent if o < rep.delivered_to], rep)
             rep.gaps += (routed := _routed_gaps(cfg, topic, p, [o for o in absent if rep.delivered_to <= o < reach],
                                                 tables_at))[0]
             rep.pending = routed[1] + len(_existing(cfg, topic, p, [o for o in absent if o >= max(reach, lo)]))

@@ -207,7 +207,7 @@ class Runtime:
             # rows routed by a metadata column (`_key`...): those values are not in the record, the decoder has them
             meta_key = any(lay.needs_key and lay.key in METADATA_COLUMNS for lay in self.cfg.layouts().values())
             ctx = None if ch.routed or table is None or fmt.type is not Format.JSON or fmt.parser != "clickhouse" \
-                or meta_key else self._context(table)
+                or fmt.envelope != "none" or meta_key else self._context(table)
             self.fast[topic] = ctx if ctx is not None and eligible(ctx.inserter.schema) else None
         return self.fast[topic]
 

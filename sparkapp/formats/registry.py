@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.records import Message
 from .avro import avro_reader
+from .debezium import Skip, change_row
 from .json import read_json
 from .rows import DecodeError, Decoder, record_to_row
 from .schema import TableSchema
@@ -32,6 +33,7 @@ class DecoderSpec:
     avro_schema: str | None = None  # inline writer schema (JSON text)
     schema_registry_url: str | None = None  # Confluent wire format
     max_message_bytes: int = 8 << 20
+    envelope: str = "none"  # or "debezium": each value is a change event (debezium.py)
 
 
 Reader = Callable[[bytes], dict[str, Any]]
@@ -45,10 +47,14 @@ NAMES = tuple(f.value for f in Format)
 
 def make_decoder(spec: DecoderSpec, schema: TableSchema) -> Decoder:
     """Returns a function message -> row that raises DecodeError with the reason."""
-    parse = _READERS[spec.format](spec, schema)
+    read = _READERS[spec.format](spec, schema)
+    changes = spec.envelope == "debezium"
+    parse: Reader = (lambda value: change_row(read(value))) if changes else read
 
     def decode(msg: Message) -> list[Any]:
         if msg.value is None:
+            if changes:
+                raise Skip("tombstone")
             raise DecodeError("tombstone: the record has a null value")
         if len(msg.value) > spec.max_message_bytes:
             raise DecodeError(f"oversized: {len(msg.value)} bytes exceeds max_message_bytes={spec.max_message_bytes}")

@@ -21,6 +21,10 @@ class DecodeError(ValueError):
     """A record's payload cannot be decoded or does not fit the table."""
 
 
+class NoRow(Exception):
+    """A record that holds no row and is no mistake: nothing is stored, nothing dead-lettered."""
+
+
 def nested_value(record: dict[str, Any], name: str) -> tuple[bool, Any]:
     """Finds `a.b` either as a flat key or as field b of each object in the array at `a` (Nested)."""
     if name in record:
@@ -83,7 +87,8 @@ def record_to_row(schema: TableSchema, record: dict[str, Any], msg: Message, unk
 
 
 def decode_batch(decode: Decoder, messages: Iterable[Message]) -> tuple[list[tuple[int, list[Any]]], list[DeadLetter]]:
-    """Decodes messages in order into (offset, row) pairs and dead letters."""
+    """Decodes messages in order into (offset, row) pairs and dead letters; a record that holds no row and is
+    no mistake (NoRow: a change stream's tombstone) is in neither."""
     rows: list[tuple[int, list[Any]]] = []
     dead: list[DeadLetter] = []
     for msg in messages:
@@ -91,4 +96,6 @@ def decode_batch(decode: Decoder, messages: Iterable[Message]) -> tuple[list[tup
             rows.append((msg.offset, decode(msg)))
         except DecodeError as e:
             dead.append(DeadLetter(msg, f"{e} (at {msg.where})"))
+        except NoRow:
+            pass
     return rows, dead

@@ -56,11 +56,23 @@ class Done(Exception):
     """A run of the `many` path ended without a crash."""
 
 
-def stream(rng: random.Random, topic: str, partition: int, n: int) -> list[Message]:
-    """n messages with random offset gaps, as compaction or transaction markers leave them."""
+def change(i: int, row: dict[str, int]) -> dict[str, object] | None:
+    """The i-th record of a Debezium change stream (wrapped by the JSON converter every 5th time): creates,
+    updates and snapshot reads, a delete every 7th record and its tombstone (None) right after it."""
+    if i % 7 == 0 and i:
+        return None  # the tombstone of the delete before it
+    op = "d" if i % 7 == 6 else "cru"[i % 3]
+    event = {"op": op, "before": row if op in "ud" else None, "after": None if op == "d" else row, "ts_ms": i}
+    return {"schema": {}, "payload": event} if i % 5 == 0 else event
+
+
+def stream(rng: random.Random, topic: str, partition: int, n: int, cdc: bool = False) -> list[Message]:
+    """n messages with random offset gaps, as compaction or transaction markers leave them (`cdc`: as change
+    events)."""
     out, off = [], rng.randrange(0, 5)
     for i in range(n):
-        value = rng.choice(BAD) if rng.random() < 0.04 else {"id": partition * 100_000 + i}
+        row = {"id": partition * 100_000 + i}
+        value = rng.choice(BAD) if rng.random() < 0.04 else change(i, row) if cdc else row
         out.append(msg(value, offset=off, topic=topic, partition=partition, key=b"k%d" % i if i % 2 else None,
                        headers=HEADERS[i % len(HEADERS)](i), timestamp_type=int(i % 3 == 0)))
         off += 1 if rng.random() < 0.8 else rng.randrange(2, 6)
@@ -82,18 +94,22 @@ def start_offset(rng: random.Random, store: StateStore, pk: PartitionKey, log: l
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed):
     """Seed 1 takes the decoding path, seed 2 the fast path (ClickHouse parses, bad records sifted out), seed 3
     either, batch by batch: a retry of a range often takes the other path, and must send the same blocks.
     Seed 4 writes both partitions' batches together, their transitions shared (write_lines_many), as the
-    driver does."""
-    path = {1: "decode", 2: "lines", 4: "many"}.get(seed, "either")
+    driver does. Seed 5 is a Debezium change stream (deletes, tombstones) on the decoding path, as the job
+    takes it."""
+    path = {1: "decode", 2: "lines", 4: "many", 5: "decode"}.get(seed, "either")
+    cdc = seed == 5
     if path == "many" and variant == "token+recount":
         pytest.skip("the shared transitions are crashed against tokens alone and recounting alone")
     client, db = ch_db
     dlq_topic = topic(1)
     cols, window = VARIANTS[variant]
+    if cdc:
+        cols += ", _op LowCardinality(String), _deleted UInt8"
     client.command(f"CREATE TABLE ev (id UInt32, {cols}) ENGINE = MergeTree ORDER BY _offset "
                    f"SETTINGS non_replicated_deduplication_window = {window}")
     schema = load_schema(client, db, "ev")
@@ -101,11 +117,12 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed):
     store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/crash_{db}")
     store.ensure_schema()
     rng = random.Random(seed * 1000 + len(variant))
-    logs = {p: stream(rng, "src", p, 800) for p in (0, 1)}
+    logs = {p: stream(rng, "src", p, 800, cdc) for p in (0, 1)}
 
     def refetch(topic: str, partition: int, r: OffsetRange) -> list[Message]:
         return [m for m in logs[partition] if m.offset in r]
 
+    spec = DecoderSpec(Format.JSON, envelope="debezium" if cdc else "none")
     dlq = KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap})
     crashes: dict[str, int] = {}
     runs = 0
@@ -129,7 +146,7 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed):
                     crashes[step] = crashes.get(step, 0) + 1
                     raise Crash(step)
 
-        ctx = WriterContext("crash-sink", store, Inserter(client, schema), make_decoder(DecoderSpec(Format.JSON), schema),
+        ctx = WriterContext("crash-sink", store, Inserter(client, schema), make_decoder(spec, schema),
                             store.acquire_epoch("crash-sink"), block_offsets=5,
                             refetch=refetch, fault=fault, dlq=dlq)
         try:
@@ -165,7 +182,7 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed):
 
     assert set(crashes) == set(STEPS), f"not every step boundary was crashed at: {crashes}"
     expected = sorted((p * 100_000 + i, m.offset) for p, log in logs.items() for i, m in enumerate(log)
-                      if m.value not in BAD)
+                      if m.value not in BAD and m.value is not None)  # a tombstone holds no row
     bad = sorted((p, m.offset) for p, log in logs.items() for m in log if m.value in BAD)
     dead = sorted((int(dict(m.headers())[HEADER_PARTITION]), int(dict(m.headers())[HEADER_OFFSET]))
                   for m in read_dlq(kafka.bootstrap, dlq_topic, len(bad)))
@@ -177,6 +194,10 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed):
     if "_headers" in cols:  # every value stored exactly as the record had it, whichever path took it
         stored = client.query("SELECT id, _key, _headers, _timestamp_type FROM ev ORDER BY id").result_rows
         assert [tuple(r) for r in stored] == [(i, *expected_metadata(i % 100_000)) for i, _ in expected]
+    if cdc:  # each change as its row: the operation, and deletes marked
+        ops = client.query("SELECT id, _op, _deleted FROM ev ORDER BY id").result_rows
+        kinds = {i: "d" if i % 100_000 % 7 == 6 else "cru"[i % 100_000 % 3] for i, _ in expected}
+        assert [tuple(r) for r in ops] == [(i, kinds[i], int(kinds[i] == "d")) for i, _ in expected]
 
 
 def _write_together(ctx: WriterContext, store: StateStore, logs: dict[int, list[Message]], names: tuple[str, ...],

@@ -82,6 +82,8 @@ BAD_SPECS = [
     (("spark", "sparkConf"), {"spark.speculation": "true"}, "spec.spark: sparkConf spark.speculation='true'",
      "spark.speculation must stay false"),
     (("kafka", "topicPattern"), "orders[", "topicPattern 'orders[' is not a regular expression", None),
+    (("format",), {"type": "string", "envelope": "debezium"}, "envelope debezium needs a record format",
+     "format.envelope debezium needs a record format"),
 ]
 
 
