@@ -211,6 +211,9 @@ class FormatConfig(Strict):
         default="clickhouse", description="json: ClickHouse parses clean records (fast); python decodes each one")
     envelope: Literal["none", "debezium"] = Field(
         default="none", description="debezium: each value is a change event, stored as its row with _op, _deleted")
+    add_columns: bool = Field(
+        default=False, alias="addColumns",
+        description="a record field no column takes adds a Nullable column to the table (schema evolution)")
 
     @model_validator(mode="after")
     def _avro(self) -> FormatConfig:
@@ -361,6 +364,13 @@ class SinkConfig(Strict):
 
     def shard_target(self, layout: int, shard: int) -> tuple[str, str]:
         return self.shard_targets(layout)[shard]
+
+    def all_shard_targets(self) -> list[tuple[str, str]]:
+        """Every (endpoint, database) rows may be on: the current layout's shards and the previous layout's."""
+        out: list[tuple[str, str]] = []
+        for v in self.layouts():
+            out += [t for t in self.shard_targets(v) if t not in out]
+        return out
 
     def redacted(self) -> dict[str, Any]:
         """The config as shown in logs: secret references only, never their values."""

@@ -97,18 +97,10 @@ class Report:
 Offsets = Counter[tuple[str, int, int]]
 
 
-def _shard_targets(cfg: SinkConfig) -> list[tuple[str, str]]:
-    """Every (endpoint, database) rows may be on: the current layout's shards and the previous layout's."""
-    out: list[tuple[str, str]] = []
-    for v in cfg.layouts():
-        out += [t for t in cfg.shard_targets(v) if t not in out]
-    return out
-
-
 def _clickhouse_offsets(cfg: SinkConfig, tables: list[str]) -> tuple[Offsets, list[str]]:
     counts: Counter[tuple[str, int, int]] = Counter()
     notes: list[str] = []
-    for endpoint, database in _shard_targets(cfg):
+    for endpoint, database in cfg.all_shard_targets():
         client = clickhouse_client(cfg.clickhouse, endpoint)
         _count_offsets(client, database, tables, counts, notes)
     return counts, notes

@@ -21,11 +21,13 @@ from ..edges.insert import Inserter, unsafe_target
 from ..edges.kafka import read_range
 from ..edges.shards import Health, ShardSet, ShardUnavailableError
 from ..edges.store import PartitionKey, StateStore, resume_positions, state_store
+from ..formats.debezium import CHANGE_COLUMNS
 from ..formats.jsoneachrow import LineBatch, eligible
-from ..formats.registry import Format, make_decoder
+from ..formats.registry import Format, make_decoder, record_reader
 from ..formats.rows import DecodeError, Decoder
 from ..formats.schema import METADATA_COLUMNS, SchemaError, TableSchema
 from .context import DataLossError, PartitionResult, Refetch, WriterContext
+from .evolve import add_columns
 from .writer import write_lines, write_lines_many, write_partition
 
 if TYPE_CHECKING:
@@ -85,6 +87,7 @@ class Runtime:
     missing_tables: dict[str, str] = field(default_factory=dict)
     fast: dict[str, WriterContext | None] = field(default_factory=dict)  # per topic, see fast_context
     health: Health = field(default_factory=Health)  # shared by every table's shards: one physical shard, one health
+    tried: dict[str, set[str]] = field(default_factory=dict)  # per table, fields not to add as columns (addColumns)
 
     @classmethod
     def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:
@@ -147,6 +150,29 @@ class Runtime:
         self.contexts[table] = self._make_context(table, schema, decoder)
         return self.contexts[table]
 
+    def _evolved(self, table: str, ctx: WriterContext, pk: PartitionKey, msgs: Sequence[Message]) -> WriterContext:
+        """The table's context after adding the columns the records need (format.addColumns; evolve.py): built
+        again from the altered table, on every shard."""
+        if not self.cfg.format.add_columns:
+            return ctx
+        known = self.tried.setdefault(table, set(CHANGE_COLUMNS) | self._uninsertable(table))
+        targets = [(self.client if e == self.cfg.clickhouse.endpoints[0] else clickhouse_client(self.cfg.clickhouse, e),
+                    d) for e, d in self.cfg.all_shard_targets()]
+        if not add_columns(ctx, pk, msgs, record_reader(self.cfg.format.decoder_spec(), ctx.inserter.schema),
+                           targets, known):
+            return ctx
+        self.contexts.pop(table, None)
+        rebuilt = self._context(table)
+        assert rebuilt is not None
+        return rebuilt
+
+    def _uninsertable(self, table: str) -> set[str]:
+        """The table's columns chsink does not insert (MATERIALIZED, ALIAS, EPHEMERAL): never fields to add."""
+        res = self.client.query("SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} "
+                                "AND default_kind IN ('MATERIALIZED', 'ALIAS', 'EPHEMERAL')",
+                                parameters={"db": self.cfg.clickhouse.shard_database(0), "t": table})
+        return {str(r[0]) for r in res.result_rows}
+
     def _make_context(self, table: str, schema: TableSchema, decoder: Decoder) -> WriterContext:
         inserter = self._new_inserter(self.client, schema)
         return WriterContext(
@@ -207,7 +233,7 @@ class Runtime:
             # rows routed by a metadata column (`_key`...): those values are not in the record, the decoder has them
             meta_key = any(lay.needs_key and lay.key in METADATA_COLUMNS for lay in self.cfg.layouts().values())
             ctx = None if ch.routed or table is None or fmt.type is not Format.JSON or fmt.parser != "clickhouse" \
-                or fmt.envelope != "none" or meta_key else self._context(table)
+                or fmt.envelope != "none" or fmt.add_columns or meta_key else self._context(table)
             self.fast[topic] = ctx if ctx is not None and eligible(ctx.inserter.schema) else None
         return self.fast[topic]
 
@@ -232,9 +258,9 @@ class Runtime:
         for table, msgs in sorted(groups.items()):
             found = self._unroutable_context(reasons) if table == UNROUTABLE else self._context(table)
             assert found is not None
-            ctx = found
-            ctx.refetch = self._refetcher(table)
             pk = PartitionKey(self.cfg.name, topic, partition, table if self.cfg.clickhouse.routed else "")
+            ctx = found if table == UNROUTABLE else self._evolved(table, found, pk, msgs)
+            ctx.refetch = self._refetcher(table)
             try:
                 results.append(write_partition(ctx, pk, msgs))
             except ShardUnavailableError as e:  # the other tables still take their records of this batch:

@@ -45,11 +45,16 @@ _READERS: dict[Format, Callable[[DecoderSpec, TableSchema], Reader]] = {
 NAMES = tuple(f.value for f in Format)
 
 
+def record_reader(spec: DecoderSpec, schema: TableSchema) -> Reader:
+    """value bytes -> the record's fields (a change event's row under envelope debezium); DecodeError."""
+    read = _READERS[spec.format](spec, schema)
+    return (lambda value: change_row(read(value))) if spec.envelope == "debezium" else read
+
+
 def make_decoder(spec: DecoderSpec, schema: TableSchema) -> Decoder:
     """Returns a function message -> row that raises DecodeError with the reason."""
-    read = _READERS[spec.format](spec, schema)
+    parse = record_reader(spec, schema)
     changes = spec.envelope == "debezium"
-    parse: Reader = (lambda value: change_row(read(value))) if changes else read
 
     def decode(msg: Message) -> list[Any]:
         if msg.value is None:
