@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from .core.kafka_options import KafkaOptionError, java_consumer_options
 from .core.routing import DEFAULT_STRIPE, HashName, Layout, Policy, parse_assignment
+from .formats.record_key import KeyFormat
 from .formats.registry import DecoderSpec, Format
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,118}[a-z0-9])?$")
@@ -209,8 +210,14 @@ class FormatConfig(Strict):
     max_message_bytes: int = Field(default=8 << 20, alias="maxMessageBytes", gt=0)
     parser: Literal["clickhouse", "python"] = Field(
         default="clickhouse", description="json: ClickHouse parses clean records (fast); python decodes each one")
-    envelope: Literal["none", "debezium"] = Field(
-        default="none", description="debezium: each value is a change event, stored as its row with _op, _deleted")
+    envelope: Literal["none", "debezium", "upsert"] = Field(
+        default="none", description="debezium: each value is a change event, stored as its row with _op, _deleted; "
+                                    "upsert: a value is its key's row, a tombstone the key's delete (_deleted 1)")
+    key_format: KeyFormat = Field(
+        default=KeyFormat.NONE, alias="keyFormat",
+        description="json or avro: the record key's fields fill columns (over the value's); none: only `_key`")
+    key_avro_schema: str | None = Field(
+        default=None, alias="keyAvroSchema", description="keyFormat avro: the key's writer schema, without a registry")
     add_columns: bool = Field(
         default=False, alias="addColumns",
         description="a record field no column takes adds a Nullable column to the table (schema evolution)")
@@ -223,11 +230,27 @@ class FormatConfig(Strict):
             json.loads(self.avro_schema)
         if self.envelope == "debezium" and self.type is Format.STRING:
             raise ValueError("envelope debezium needs a record format (json or avro), not string")
+        if self.key_format is KeyFormat.AVRO and not (self.key_avro_schema or self.schema_registry_url):
+            raise ValueError("keyFormat avro needs `keyAvroSchema` or `schemaRegistryUrl`")
+        if self.key_avro_schema:
+            json.loads(self.key_avro_schema)
         return self
+
+    @property
+    def clickhouse_parses(self) -> bool:
+        """Whether ClickHouse can parse the records itself (the fast path): JSON values that are the rows as they
+        are, nothing taken from the key, no column to add first."""
+        return self.type is Format.JSON and self.parser == "clickhouse" and self.envelope == "none" \
+            and self.key_format is KeyFormat.NONE and not self.add_columns
+
+    @property
+    def tombstones_hold_no_row(self) -> bool:
+        """A change stream's tombstone only lets Kafka compact the deleted key away: no row, no dead letter."""
+        return self.envelope == "debezium"
 
     def decoder_spec(self) -> DecoderSpec:
         return DecoderSpec(self.type, self.unknown_fields, self.avro_schema, self.schema_registry_url,
-                           self.max_message_bytes, self.envelope)
+                           self.max_message_bytes, self.envelope, self.key_format, self.key_avro_schema)
 
 
 class StateConfig(Strict):

@@ -137,7 +137,7 @@ def _existing(cfg: SinkConfig, topic: str, partition: int, missing: list[int],
     if not missing:
         return []
     span = OffsetRange(missing[0], missing[-1])
-    if cfg.format.envelope == "none":
+    if not cfg.format.tombstones_hold_no_row:
         present = present_offsets(cfg.kafka, topic, partition, span)
         return [o for o in missing if o in present]
     wanted = set(missing)

@@ -17,7 +17,7 @@ from ..core.records import Message
 from ..edges.store import PartitionKey
 from ..formats.evolution import new_columns
 from ..formats.registry import Reader
-from ..formats.rows import DecodeError
+from ..formats.rows import DecodeError, NoRow
 from .context import WriterContext
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,10 @@ def add_columns(ctx: WriterContext, pk: PartitionKey, msgs: Sequence[Message], r
     already, or columns the schema leaves out), and grows by what is added."""
     records = []
     for m in msgs:
-        if m.value is not None:
-            try:
-                records.append(read(m.value))
-            except DecodeError:
-                continue  # the decoder dead-letters it with the reason
+        try:
+            records.append(read(m))
+        except (DecodeError, NoRow):
+            continue  # the decoder dead-letters it with the reason, or it holds no row
     new = new_columns(ctx.inserter.schema, records, known)
     if not new:
         return {}

@@ -23,7 +23,7 @@ from ..edges.shards import Health, ShardSet, ShardUnavailableError
 from ..edges.store import PartitionKey, StateStore, resume_positions, state_store
 from ..formats.debezium import CHANGE_COLUMNS
 from ..formats.jsoneachrow import LineBatch, eligible
-from ..formats.registry import Format, make_decoder, record_reader
+from ..formats.registry import make_decoder, record_reader
 from ..formats.rows import DecodeError, Decoder
 from ..formats.schema import METADATA_COLUMNS, SchemaError, TableSchema
 from .context import DataLossError, PartitionResult, Refetch, WriterContext
@@ -232,8 +232,7 @@ class Runtime:
             table = ch.table_for(topic)
             # rows routed by a metadata column (`_key`...): those values are not in the record, the decoder has them
             meta_key = any(lay.needs_key and lay.key in METADATA_COLUMNS for lay in self.cfg.layouts().values())
-            ctx = None if ch.routed or table is None or fmt.type is not Format.JSON or fmt.parser != "clickhouse" \
-                or fmt.envelope != "none" or fmt.add_columns or meta_key else self._context(table)
+            ctx = None if ch.routed or table is None or not fmt.clickhouse_parses or meta_key else self._context(table)
             self.fast[topic] = ctx if ctx is not None and eligible(ctx.inserter.schema) else None
         return self.fast[topic]
 

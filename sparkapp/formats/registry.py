@@ -15,6 +15,7 @@ from ..core.records import Message
 from .avro import avro_reader
 from .debezium import Skip, change_row
 from .json import read_json
+from .record_key import KeyFormat, key_reader
 from .rows import DecodeError, Decoder, record_to_row
 from .schema import TableSchema
 from .string import string_reader
@@ -33,11 +34,14 @@ class DecoderSpec:
     avro_schema: str | None = None  # inline writer schema (JSON text)
     schema_registry_url: str | None = None  # Confluent wire format
     max_message_bytes: int = 8 << 20
-    envelope: str = "none"  # or "debezium": each value is a change event (debezium.py)
+    envelope: str = "none"  # "debezium": each value is a change event (debezium.py); "upsert": see below
+    key_format: KeyFormat = KeyFormat.NONE  # the key's fields fill columns (record_key.py)
+    key_avro_schema: str | None = None
 
 
-Reader = Callable[[bytes], dict[str, Any]]
-_READERS: dict[Format, Callable[[DecoderSpec, TableSchema], Reader]] = {
+ValueReader = Callable[[bytes], dict[str, Any]]
+Reader = Callable[[Message], dict[str, Any]]  # message -> the record's fields; DecodeError, or NoRow
+_READERS: dict[Format, Callable[[DecoderSpec, TableSchema], ValueReader]] = {
     Format.JSON: lambda spec, schema: read_json,
     Format.AVRO: lambda spec, schema: avro_reader(spec.avro_schema, spec.schema_registry_url),
     Format.STRING: lambda spec, schema: string_reader(schema),
@@ -45,24 +49,46 @@ _READERS: dict[Format, Callable[[DecoderSpec, TableSchema], Reader]] = {
 NAMES = tuple(f.value for f in Format)
 
 
-def record_reader(spec: DecoderSpec, schema: TableSchema) -> Reader:
-    """value bytes -> the record's fields (a change event's row under envelope debezium); DecodeError."""
+def _value_reader(spec: DecoderSpec, schema: TableSchema) -> ValueReader:
     read = _READERS[spec.format](spec, schema)
     return (lambda value: change_row(read(value))) if spec.envelope == "debezium" else read
 
 
-def make_decoder(spec: DecoderSpec, schema: TableSchema) -> Decoder:
-    """Returns a function message -> row that raises DecodeError with the reason."""
-    parse = record_reader(spec, schema)
-    changes = spec.envelope == "debezium"
+def record_reader(spec: DecoderSpec, schema: TableSchema) -> Reader:
+    """message -> the record's fields: its value decoded (a change event's row under envelope debezium), with
+    the key's fields over them (key_format). Under envelope upsert a value is the key's new row (`_deleted` 0)
+    and a tombstone its delete: the key's fields alone with `_deleted` 1, so a ReplacingMergeTree(version,
+    _deleted) table keeps each key's last state as the compacted topic does. DecodeError names what is wrong;
+    NoRow (a change stream's tombstone) holds no row."""
+    read = _value_reader(spec, schema)
+    key = key_reader(spec.key_format, spec.key_avro_schema, spec.schema_registry_url)
+    upsert = spec.envelope == "upsert"
+    if upsert and "_deleted" not in schema.names:
+        raise ValueError(f"envelope upsert needs a `_deleted` column in {schema.fqn}: a tombstone's row must say "
+                         "that it deletes")
 
-    def decode(msg: Message) -> list[Any]:
+    def fields(msg: Message) -> dict[str, Any]:
         if msg.value is None:
-            if changes:
+            if spec.envelope == "debezium":
                 raise Skip("tombstone")
-            raise DecodeError("tombstone: the record has a null value")
-        if len(msg.value) > spec.max_message_bytes:
-            raise DecodeError(f"oversized: {len(msg.value)} bytes exceeds max_message_bytes={spec.max_message_bytes}")
-        return record_to_row(schema, parse(msg.value), msg, spec.unknown_fields)
+            if not upsert:
+                raise DecodeError("tombstone: the record has a null value")
+            if msg.key is None:
+                raise DecodeError("upsert tombstone without a key: it names no row to delete")
+            rec: dict[str, Any] = {"_op": "d", "_deleted": 1}
+        else:
+            if len(msg.value) > spec.max_message_bytes:
+                raise DecodeError(f"oversized: {len(msg.value)} bytes exceeds max_message_bytes="
+                                  f"{spec.max_message_bytes}")
+            rec = read(msg.value)
+            if upsert:
+                rec = {**rec, "_op": "u", "_deleted": 0}
+        return {**rec, **key(msg.key)} if key is not None else rec
 
-    return decode
+    return fields
+
+
+def make_decoder(spec: DecoderSpec, schema: TableSchema) -> Decoder:
+    """Returns a function message -> row that raises DecodeError with the reason (NoRow: none to store)."""
+    read = record_reader(spec, schema)
+    return lambda msg: record_to_row(schema, read(msg), msg, spec.unknown_fields)

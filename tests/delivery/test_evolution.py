@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from sparkapp.config import Engine
+from sparkapp.core.records import Message
 from sparkapp.delivery.context import WriterContext
 from sparkapp.delivery.evolve import add_columns
 from sparkapp.delivery.writer import write_partition
@@ -59,6 +60,10 @@ def table(ch_db):
     return client, db, store
 
 
+def read_value(m: Message) -> dict:
+    return read_json(m.value or b"null")
+
+
 def test_columns_appear_before_their_blocks_and_crashes_lose_nothing(table):
     client, db, store = table
     log = LOG
@@ -85,7 +90,7 @@ def test_columns_appear_before_their_blocks_and_crashes_lose_nothing(table):
         try:
             while pos < len(log):
                 batch = log[pos:pos + rng.randrange(5, 40)]
-                if add_columns(ctx, pk, batch, read_json, [(client, db)], known):
+                if add_columns(ctx, pk, batch, read_value, [(client, db)], known):
                     ctx = context(client, db, store, epoch, fault)  # the table as it is now
                 write_partition(ctx, pk, batch)
                 pos += len(batch)
@@ -109,5 +114,5 @@ def test_a_fenced_writer_adds_no_column(table):
     store.acquire_epoch(SINK)  # a newer run took over
     pk = PartitionKey(SINK, "src", 0)
     with pytest.raises(FencedError):
-        add_columns(stale, pk, [msg({"id": 1, "late": "x"})], read_json, [(client, db)], set())
+        add_columns(stale, pk, [msg({"id": 1, "late": "x"})], read_value, [(client, db)], set())
     assert "late" not in load_schema(client, db, "ev").names

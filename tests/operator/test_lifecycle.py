@@ -84,6 +84,8 @@ BAD_SPECS = [
     (("kafka", "topicPattern"), "orders[", "topicPattern 'orders[' is not a regular expression", None),
     (("format",), {"type": "string", "envelope": "debezium"}, "envelope debezium needs a record format",
      "format.envelope debezium needs a record format"),
+    (("format",), {"keyFormat": "avro"}, "keyFormat avro needs `keyAvroSchema` or `schemaRegistryUrl`",
+     "format.keyFormat avro needs keyAvroSchema or schemaRegistryUrl"),
 ]
 
 
