@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -78,13 +79,17 @@ def load_schema(client: Client, database: str, table: str) -> TableSchema:
         if kind == "DEFAULT" and expr:
             try:
                 default = client.query(f"SELECT {expr}").result_rows[0][0]
+                if isinstance(default, dt.datetime) and default.tzinfo is None:  # naive: in which zone? ask for
+                    micros = client.query(f"SELECT toUnixTimestamp64Micro(toDateTime64({expr}, 6))").result_rows[0][0]
+                    default = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)  # the instant
             except Exception as e:  # references other columns: fall back to the type's zero value
                 raise SchemaError(
                     f"column `{name}` of `{database}`.`{table}` has a DEFAULT that depends on other "
                     f"columns ({expr}); chsink needs constant defaults"
                 ) from e
         rows.append((name, type_text, kind, default))
-    return build_schema(database, table, rows)
+    zone = str(client.query("SELECT timezone()").result_rows[0][0])  # the session's, else the server's
+    return build_schema(database, table, rows, zone)
 
 
 def dedup_window(client: Client, database: str, table: str) -> tuple[str, int]:

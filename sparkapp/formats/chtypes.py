@@ -45,6 +45,9 @@ class CHType:
     name: str
     args: tuple[Any, ...] = ()
     field_names: tuple[str, ...] | None = None  # for named Tuple/Nested
+    # DateTime/DateTime64 naming no zone: the zone ClickHouse reads their naive text in (not part of the type's
+    # name: set by `localize` from the session's `timezone()`)
+    zone: str = "UTC"
 
     def __str__(self) -> str:
         if not self.args:
@@ -54,6 +57,13 @@ class CHType:
             s = f"'{a}'" if isinstance(a, str) else f"'{a[0]}' = {a[1]}" if isinstance(a, tuple) else str(a)
             parts.append(f"{self.field_names[i]} {s}" if self.field_names else s)
         return f"{self.name}({', '.join(parts)})"
+
+
+def localize(t: CHType, zone: str) -> CHType:
+    """The type with every DateTime/DateTime64 in it that names no zone reading naive text in `zone`, as ClickHouse
+    reads it (the session's zone, else the server's): both paths then store the same instant."""
+    args = tuple(localize(a, zone) if isinstance(a, CHType) else a for a in t.args)
+    return CHType(t.name, args, t.field_names, zone if t.name in ("DateTime", "DateTime64") else t.zone)
 
 
 _TOKEN = re.compile(
@@ -313,7 +323,7 @@ def _parse_datetime(v: Any, tz: dt.tzinfo, what: str) -> dt.datetime:
 
 
 def _datetime_conv(t: CHType) -> Converter:
-    tz = ZoneInfo(t.args[0]) if t.args else dt.UTC
+    tz = ZoneInfo(t.args[0] if t.args else t.zone)
 
     def conv(v: Any) -> int:
         secs = math.floor((_parse_datetime(v, tz, str(t)) - _EPOCH).total_seconds())
@@ -326,7 +336,7 @@ def _datetime_conv(t: CHType) -> Converter:
 
 def _datetime64_conv(t: CHType) -> Converter:
     scale = t.args[0] if t.args else 3
-    tz = ZoneInfo(t.args[1]) if len(t.args) > 1 else dt.UTC
+    tz = ZoneInfo(t.args[1] if len(t.args) > 1 else t.zone)
     per_sec = 10**scale
 
     def conv(v: Any) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chtypes import CHType, Converter, converter, parse_type, zero_value
+from .chtypes import CHType, Converter, converter, localize, parse_type, zero_value
 
 METADATA_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_headers", "_timestamp_type")
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")  # a record's timestamp type, by Spark's number for it
@@ -47,15 +47,19 @@ class TableSchema:
         return {"_topic", "_partition", "_offset"} <= set(self.names)
 
 
-def build_schema(database: str, table: str, rows: list[tuple[str, str, str, Any]]) -> TableSchema:
-    """Builds the schema from (name, type, default_kind, constant default value) rows (pure)."""
+def build_schema(database: str, table: str, rows: list[tuple[str, str, str, Any]], zone: str = "UTC") -> TableSchema:
+    """Builds the schema from (name, type, default_kind, constant default value) rows (pure); `zone` is the one
+    ClickHouse reads naive date-times in where a column names none."""
     cols = []
     for name, type_text, kind, default in rows:
         if kind in ("MATERIALIZED", "ALIAS", "EPHEMERAL"):
             continue  # computed by ClickHouse, never inserted
-        t = parse_type(type_text)
+        t = localize(parse_type(type_text), zone)
         _check_metadata(database, table, name, t)
-        conv = converter(t)
+        try:
+            conv = converter(t)
+        except ValueError as e:  # a type chsink cannot yet store exactly (Variant, Dynamic, geo types)
+            raise SchemaError(f"column `{name}` of `{database}`.`{table}`: {e}") from None
         value = zero_value(t) if kind == "" else conv(default) if default is not None else zero_value(t)
         cols.append(Column(name, t, kind, value, conv, type_text))
     if not cols:
