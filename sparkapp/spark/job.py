@@ -144,7 +144,11 @@ class ExecutorWriter(BatchWriter):
 
     def write(self, df: Any, batch_id: int, t0: float) -> None:
         fn = executor_fn(self.job.cfg.model_dump_json(by_alias=True), self.job.epoch)
-        rows: list[PartitionOutcome] = [r.asDict() for r in df.mapInArrow(fn, outcome_ddl()).collect()]
+        # One task per slot, each over whole Kafka partitions (the source never splits one: minPartitions and
+        # maxRecordsPerPartition are refused, and coalescing only groups partitions): a task makes one state
+        # round trip for all its partitions, not one per partition.
+        slots = df.sparkSession.sparkContext.defaultParallelism
+        rows: list[PartitionOutcome] = [r.asDict() for r in df.coalesce(slots).mapInArrow(fn, outcome_ddl()).collect()]
         seen = [(r["topic"], r["partition"]) for r in rows]
         if len(seen) != len(set(seen)):
             raise RuntimeError(f"a Kafka partition was split across tasks in batch {batch_id}; check the Kafka "
