@@ -31,6 +31,7 @@ from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import first_line, unsafe_target, worth_retrying
 from ..edges.kafka import all_watermarks, topic_partitions
 from ..edges.store import FencedError, resume_positions, state_store
+from ..formats.registry import make_decoder
 from .batches import deliver_all, executor_fn, guarded, outcome_ddl
 from .session import build_session, checkpoint_exists, fresh_checkpoint, mark_checkpoint, session_conf
 
@@ -202,7 +203,8 @@ class SinkJob:
             if table is not None:
                 try:
                     schema = load_schema(client, ch.shard_database(0), table)
-                    self.with_headers |= "_headers" in schema.names
+                    make_decoder(self.cfg.format.decoder_spec(), schema)  # the format fits the table (upsert's
+                    self.with_headers |= "_headers" in schema.names       # `_deleted`, string's one column)
                     unsafe = unsafe_target(client, schema, self.cfg.state.enabled)
                 except Exception as e:
                     raise ConfigError(f"clickhouse.tables[{topic!r}]: {e}") from None

@@ -150,6 +150,9 @@ def test_config_errors_are_actionable(tmp_path, kafka, topic):
     path = _config(tmp_path, bootstrap=kafka.bootstrap, topic=src, table="dyn")
     assert_config_error(run_cli("run", "--config", str(path)), "column `v` of `default`.`dyn`: unsupported ClickHouse "
                         "type Dynamic")
+    # an upsert sink whose table cannot say that a row is deleted
+    path = _config(tmp_path, bootstrap=kafka.bootstrap, topic=src, table="bare", format={"envelope": "upsert"})
+    assert_config_error(run_cli("run", "--config", str(path)), "envelope upsert needs a `_deleted` column")
 
 
 def test_verifier_reports_duplicates_gaps_and_rows_outside(tmp_path, kafka, topic):
