@@ -245,8 +245,7 @@ class FormatConfig(Strict):
 
     @property
     def tombstones_hold_no_row(self) -> bool:
-        """A change stream's tombstone only lets Kafka compact the deleted key away: no row, no dead letter."""
-        return self.envelope == "debezium"
+        return self.decoder_spec().tombstones_hold_no_row
 
     def decoder_spec(self) -> DecoderSpec:
         return DecoderSpec(self.type, self.unknown_fields, self.avro_schema, self.schema_registry_url,

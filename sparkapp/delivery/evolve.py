@@ -10,7 +10,7 @@ dropped by its token as always. A fenced writer raises before it alters anything
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core.records import Message
@@ -28,10 +28,11 @@ def _ident(name: str) -> str:
 
 
 def add_columns(ctx: WriterContext, pk: PartitionKey, msgs: Sequence[Message], read: Reader,
-                targets: Sequence[tuple[Any, str]], known: set[str]) -> dict[str, str]:
+                targets: Callable[[], Sequence[tuple[Any, str]]], known: set[str]) -> dict[str, str]:
     """Adds the columns the messages' records need (formats/evolution.py) to the table in each (client,
-    database) of `targets`; returns them, name -> type (empty: none). `known` names fields not to add (tried
-    already, or columns the schema leaves out), and grows by what is added."""
+    database) `targets()` gives (asked only when there is a column to add); returns them, name -> type (empty:
+    none). `known` names fields not to add (tried already, or columns the schema leaves out), and grows by what
+    is added."""
     records = []
     for m in msgs:
         try:
@@ -43,7 +44,7 @@ def add_columns(ctx: WriterContext, pk: PartitionKey, msgs: Sequence[Message], r
         return {}
     ctx.store.check_fence(pk, ctx.epoch)  # a stale writer changes nothing
     table = ctx.inserter.schema.table
-    for client, database in targets:
+    for client, database in targets():
         for name, type_text in new.items():
             client.command(f"ALTER TABLE {_ident(database)}.{_ident(table)} ADD COLUMN IF NOT EXISTS "
                            f"{_ident(name)} {type_text}")

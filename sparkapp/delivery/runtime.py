@@ -23,7 +23,7 @@ from ..edges.shards import Health, ShardSet, ShardUnavailableError
 from ..edges.store import PartitionKey, StateStore, resume_positions, state_store
 from ..formats.debezium import CHANGE_COLUMNS
 from ..formats.jsoneachrow import LineBatch, eligible
-from ..formats.registry import make_decoder, record_reader
+from ..formats.registry import Reader, make_decoder, record_reader
 from ..formats.rows import DecodeError, Decoder
 from ..formats.schema import METADATA_COLUMNS, SchemaError, TableSchema
 from .context import DataLossError, PartitionResult, Refetch, WriterContext
@@ -88,6 +88,7 @@ class Runtime:
     fast: dict[str, WriterContext | None] = field(default_factory=dict)  # per topic, see fast_context
     health: Health = field(default_factory=Health)  # shared by every table's shards: one physical shard, one health
     tried: dict[str, set[str]] = field(default_factory=dict)  # per table, fields not to add as columns (addColumns)
+    readers: dict[str, Reader] = field(default_factory=dict)  # per table, what its decoder reads records with
 
     @classmethod
     def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:
@@ -146,8 +147,9 @@ class Runtime:
                 raise ConfigError(f"clickhouse.tables: {unsafe}")
             self.missing_tables[table] = f"target table {table!r} refused: {unsafe}"
             return None
-        decoder = make_decoder(self.cfg.format.decoder_spec(), schema)
-        self.contexts[table] = self._make_context(table, schema, decoder)
+        spec = self.cfg.format.decoder_spec()
+        self.readers[table] = record_reader(spec, schema)  # kept for addColumns: one reader (and cache) per table
+        self.contexts[table] = self._make_context(table, schema, make_decoder(spec, schema, self.readers[table]))
         return self.contexts[table]
 
     def _evolved(self, table: str, ctx: WriterContext, pk: PartitionKey, msgs: Sequence[Message]) -> WriterContext:
@@ -155,11 +157,15 @@ class Runtime:
         again from the altered table, on every shard."""
         if not self.cfg.format.add_columns:
             return ctx
-        known = self.tried.setdefault(table, set(CHANGE_COLUMNS) | self._uninsertable(table))
-        targets = [(self.client if e == self.cfg.clickhouse.endpoints[0] else clickhouse_client(self.cfg.clickhouse, e),
-                    d) for e, d in self.cfg.all_shard_targets()]
-        if not add_columns(ctx, pk, msgs, record_reader(self.cfg.format.decoder_spec(), ctx.inserter.schema),
-                           targets, known):
+        if table not in self.tried:
+            self.tried[table] = set(CHANGE_COLUMNS) | self._uninsertable(table)
+
+        def targets() -> list[tuple[Any, str]]:
+            ch = self.cfg.clickhouse
+            return [(self.client if e == ch.endpoints[0] else clickhouse_client(ch, e), d)
+                    for e, d in self.cfg.all_shard_targets()]
+
+        if not add_columns(ctx, pk, msgs, self.readers[table], targets, self.tried[table]):
             return ctx
         self.contexts.pop(table, None)
         rebuilt = self._context(table)

@@ -38,6 +38,11 @@ class DecoderSpec:
     key_format: KeyFormat = KeyFormat.NONE  # the key's fields fill columns (record_key.py)
     key_avro_schema: str | None = None
 
+    @property
+    def tombstones_hold_no_row(self) -> bool:
+        """A change stream's tombstone only lets Kafka compact the deleted key away: no row, no dead letter."""
+        return self.envelope == "debezium"
+
 
 ValueReader = Callable[[bytes], dict[str, Any]]
 Reader = Callable[[Message], dict[str, Any]]  # message -> the record's fields; DecodeError, or NoRow
@@ -69,7 +74,7 @@ def record_reader(spec: DecoderSpec, schema: TableSchema) -> Reader:
 
     def fields(msg: Message) -> dict[str, Any]:
         if msg.value is None:
-            if spec.envelope == "debezium":
+            if spec.tombstones_hold_no_row:
                 raise Skip("tombstone")
             if not upsert:
                 raise DecodeError("tombstone: the record has a null value")
@@ -88,7 +93,8 @@ def record_reader(spec: DecoderSpec, schema: TableSchema) -> Reader:
     return fields
 
 
-def make_decoder(spec: DecoderSpec, schema: TableSchema) -> Decoder:
-    """Returns a function message -> row that raises DecodeError with the reason (NoRow: none to store)."""
-    read = record_reader(spec, schema)
-    return lambda msg: record_to_row(schema, read(msg), msg, spec.unknown_fields)
+def make_decoder(spec: DecoderSpec, schema: TableSchema, read: Reader | None = None) -> Decoder:
+    """Returns a function message -> row that raises DecodeError with the reason (NoRow: none to store); `read`:
+    the table's record_reader when the caller keeps it too."""
+    fields = read or record_reader(spec, schema)
+    return lambda msg: record_to_row(schema, fields(msg), msg, spec.unknown_fields)

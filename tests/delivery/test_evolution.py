@@ -90,7 +90,7 @@ def test_columns_appear_before_their_blocks_and_crashes_lose_nothing(table):
         try:
             while pos < len(log):
                 batch = log[pos:pos + rng.randrange(5, 40)]
-                if add_columns(ctx, pk, batch, read_value, [(client, db)], known):
+                if add_columns(ctx, pk, batch, read_value, lambda: [(client, db)], known):
                     ctx = context(client, db, store, epoch, fault)  # the table as it is now
                 write_partition(ctx, pk, batch)
                 pos += len(batch)
@@ -114,5 +114,5 @@ def test_a_fenced_writer_adds_no_column(table):
     store.acquire_epoch(SINK)  # a newer run took over
     pk = PartitionKey(SINK, "src", 0)
     with pytest.raises(FencedError):
-        add_columns(stale, pk, [msg({"id": 1, "late": "x"})], read_value, [(client, db)], set())
+        add_columns(stale, pk, [msg({"id": 1, "late": "x"})], read_value, lambda: [(client, db)], set())
     assert "late" not in load_schema(client, db, "ev").names
