@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from .core.kafka_options import KafkaOptionError, java_consumer_options
 from .core.routing import DEFAULT_STRIPE, HashName, Layout, Policy, parse_assignment
+from .formats.protobuf import check as check_protobuf
 from .formats.record_key import KeyFormat
 from .formats.registry import DecoderSpec, Format
 
@@ -218,6 +219,12 @@ class FormatConfig(Strict):
         description="json or avro: the record key's fields fill columns (over the value's); none: only `_key`")
     key_avro_schema: str | None = Field(
         default=None, alias="keyAvroSchema", description="keyFormat avro: the key's writer schema, without a registry")
+    protobuf_descriptor_set: str | None = Field(
+        default=None, alias="protobufDescriptorSet",
+        description="protobuf: a FileDescriptorSet as base64 (protoc --include_imports --descriptor_set_out)")
+    protobuf_message: str | None = Field(
+        default=None, alias="protobufMessage",
+        description="protobuf with a descriptor set: the full name of the message each value is")
     add_columns: bool = Field(
         default=False, alias="addColumns",
         description="a record field no column takes adds a Nullable column to the table (schema evolution)")
@@ -229,11 +236,27 @@ class FormatConfig(Strict):
         if self.avro_schema:
             json.loads(self.avro_schema)
         if self.envelope == "debezium" and self.type is Format.STRING:
-            raise ValueError("envelope debezium needs a record format (json or avro), not string")
+            raise ValueError("envelope debezium needs a record format (json, avro or protobuf), not string")
         if self.key_format is KeyFormat.AVRO and not (self.key_avro_schema or self.schema_registry_url):
             raise ValueError("keyFormat avro needs `keyAvroSchema` or `schemaRegistryUrl`")
         if self.key_avro_schema:
             json.loads(self.key_avro_schema)
+        return self
+
+    @model_validator(mode="after")
+    def _protobuf(self) -> FormatConfig:
+        given = self.protobuf_descriptor_set is not None, self.protobuf_message is not None
+        if self.type is Format.PROTOBUF:
+            if not (all(given) or self.schema_registry_url):
+                raise ValueError("format protobuf needs `protobufDescriptorSet` with `protobufMessage`, or "
+                                 "`schemaRegistryUrl`")
+            if any(given) and not all(given):
+                raise ValueError("`protobufDescriptorSet` and `protobufMessage` go together: the set holds the "
+                                 "message's type, the name says which of its messages each value is")
+            if all(given):
+                check_protobuf(self.protobuf_descriptor_set or "", self.protobuf_message or "")
+        elif any(given):
+            raise ValueError("`protobufDescriptorSet` and `protobufMessage` are for format protobuf")
         return self
 
     @property
@@ -249,7 +272,8 @@ class FormatConfig(Strict):
 
     def decoder_spec(self) -> DecoderSpec:
         return DecoderSpec(self.type, self.unknown_fields, self.avro_schema, self.schema_registry_url,
-                           self.max_message_bytes, self.envelope, self.key_format, self.key_avro_schema)
+                           self.max_message_bytes, self.envelope, self.key_format, self.key_avro_schema,
+                           self.protobuf_descriptor_set, self.protobuf_message)
 
 
 class StateConfig(Strict):

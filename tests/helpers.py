@@ -110,3 +110,30 @@ def line_batch(messages: list[Message], columns: tuple[str, ...]):
     by_offset = {m.offset: m for m in messages}
     return LineBatch([m.offset for m in messages], lines, lambda: list(messages),
                      lambda at: [by_offset[o] for o in sorted(set(at)) if o in by_offset])
+
+
+def compile_proto(text: str, tmp: Any, name: str = "test.proto", include_imports: bool = True) -> str:
+    """A .proto file compiled by protoc (grpcio-tools) as a user would: the FileDescriptorSet with its imports,
+    as base64 (what `format.protobufDescriptorSet` takes)."""
+    import base64
+    from importlib.resources import files
+
+    from grpc_tools import protoc
+
+    (tmp / name).write_text(text)
+    out = tmp / f"{name}.pb"
+    include = str(files("grpc_tools") / "_proto")
+    rc = protoc.main(["protoc", f"-I{tmp}", f"-I{include}", *(["--include_imports"] if include_imports else []),
+                      f"--descriptor_set_out={out}", str(tmp / name)])
+    assert rc == 0, f"protoc failed on {name}"
+    return base64.b64encode(out.read_bytes()).decode()
+
+
+def proto_message(descriptor_set: str, name: str, fields: dict[str, Any]) -> bytes:
+    """A message of the set built from its JSON mapping (json_format), serialized."""
+    from google.protobuf import json_format
+
+    from sparkapp.formats.protobuf import load_descriptor_set, message_class
+
+    cls = message_class(load_descriptor_set(descriptor_set), name)
+    return bytes(json_format.ParseDict(fields, cls()).SerializeToString())

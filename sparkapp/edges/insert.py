@@ -14,6 +14,7 @@ lost reply, but not a stale writer's block that arrives after the run that took 
 
 from __future__ import annotations
 
+import codecs
 import logging
 import re
 import time
@@ -41,6 +42,23 @@ PINNED = {"async_insert": 0, "insert_deduplicate": 1, "deduplicate_blocks_in_dep
 
 # inside a SQL string literal: backslashes first, then quotes
 _SQL_STRING_ESCAPES = (("\\", "\\\\"), ("'", "\\'"))
+
+
+# How decoded rows' text is written: UTF-8, with the bytes a String value held that are not UTF-8 (decoded with
+# surrogateescape, as the String converter does) written back as they were, since a String column holds bytes.
+# strict UTF-8 would fail the whole insert on one such value, and with it the sink.
+STRING_ENCODING = "chsink_utf8_bytes"
+
+
+def _string_codec(name: str) -> codecs.CodecInfo | None:
+    if name != STRING_ENCODING:
+        return None
+    return codecs.CodecInfo(name=STRING_ENCODING,
+                            encode=lambda s, errors="strict": (s.encode("utf-8", "surrogateescape"), len(s)),
+                            decode=lambda b, errors="strict": (bytes(b).decode("utf-8", "surrogateescape"), len(b)))
+
+
+codecs.register(_string_codec)
 
 
 class InsertError(RuntimeError):
@@ -188,6 +206,7 @@ class Inserter:
             ctx = self.client.create_insert_context(self.schema.fqn, names, column_type_names=types,
                                                     column_oriented=True, settings=settings)
             ctx.req_block_size = max(1, block.rows)  # the client would cut ~2 MB blocks, each with its own token
+            ctx.encoding = STRING_ENCODING
             ctx.data = list(block.data)
             self.client.insert(context=ctx)
         self.inserts += 1

@@ -244,7 +244,7 @@ def _bool(v: Any) -> bool:
 def _string(v: Any) -> str:
     if isinstance(v, str):
         return v
-    if isinstance(v, bytes):
+    if isinstance(v, bytes):  # bytes that are not UTF-8 ride as escapes, the inserter writes them back as they were
         return v.decode("utf-8", errors="surrogateescape")
     raise _wrong("String", v)
 

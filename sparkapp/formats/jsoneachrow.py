@@ -176,9 +176,10 @@ class Guard:
     are left to ClickHouse. One RE2 pass over the window's lines (about 0.15 s per
     200,000 lines of 250 bytes here): false alarms only cost speed.
 
-    `refusing` foresees the commonest lines ClickHouse refuses (text in a number column): caught here, they
-    cost the decoder one record each instead of a refused insert and a search for its bad lines. A line only
-    it flags that the decoder keeps stays a line."""
+    `refusing` foresees the commonest lines ClickHouse refuses (text in a number column), and the lines only
+    the decoder can judge (a surrogate escape: a pair is fine, a lone one is not): caught here, they cost the
+    decoder one record each instead of a refused insert and a search for its bad lines. A line only it flags
+    that the decoder keeps stays a line."""
 
     pattern: str = ""  # a line matching it is suspect
     refusing: str = ""  # a line matching it is likely refused
@@ -216,6 +217,9 @@ def _matching(lines: Any, pattern: str) -> list[int]:
 _NUMERIC = {*_INT_BITS, "Float64", "Decimal", "Decimal32", "Decimal64", "Decimal128", "Decimal256"}
 
 
+_LOW_SURROGATE_ESCAPE = r"\\u[dD][c-fC-F]"
+
+
 def _refusing(key: str) -> str:
     """A number column's value that is neither a number, a quoted number nor null: text, true/false, [ or {."""
     return key + r'\s*(?:"[^"]*[^"0-9.eE+\-]|[^"0-9\-n\s])'
@@ -246,6 +250,10 @@ def guard(schema: TableSchema) -> Guard:
             patterns.append(_loose_time(key))
     refusing = [_refusing('"' + re.escape(c.name) + '":') for c in schema.columns if c.name not in METADATA_COLUMNS
                 and _unwrapped(c.type).name in _NUMERIC]
+    # a low surrogate escape: ClickHouse stores a lone one (anywhere in the line, even in a field no column takes)
+    # as bytes that are no UTF-8, where the decoder refuses it as it and ClickHouse refuse a lone high one; in a
+    # pair (an escaped emoji) the decoder keeps the line, and it stays a line
+    refusing.append(_LOW_SURROGATE_ESCAPE)
     return Guard("|".join(f"(?:{p})" for p in dict.fromkeys(patterns)), "|".join(f"(?:{p})" for p in refusing))
 
 

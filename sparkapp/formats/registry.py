@@ -15,6 +15,7 @@ from ..core.records import Message
 from .avro import avro_reader
 from .debezium import Skip, change_row
 from .json import read_json
+from .protobuf import numeric_columns, protobuf_reader
 from .record_key import KeyFormat, key_reader
 from .rows import DecodeError, Decoder, record_to_row
 from .schema import TableSchema
@@ -25,6 +26,7 @@ class Format(enum.Enum):
     JSON = "json"
     AVRO = "avro"
     STRING = "string"
+    PROTOBUF = "protobuf"
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class DecoderSpec:
     envelope: str = "none"  # "debezium": each value is a change event (debezium.py); "upsert": see below
     key_format: KeyFormat = KeyFormat.NONE  # the key's fields fill columns (record_key.py)
     key_avro_schema: str | None = None
+    protobuf_descriptor_set: str | None = None  # base64 FileDescriptorSet
+    protobuf_message: str | None = None  # the message type every plain value is (full name)
 
     @property
     def tombstones_hold_no_row(self) -> bool:
@@ -50,6 +54,9 @@ _READERS: dict[Format, Callable[[DecoderSpec, TableSchema], ValueReader]] = {
     Format.JSON: lambda spec, schema: read_json,
     Format.AVRO: lambda spec, schema: avro_reader(spec.avro_schema, spec.schema_registry_url),
     Format.STRING: lambda spec, schema: string_reader(schema),
+    Format.PROTOBUF: lambda spec, schema: protobuf_reader(
+        spec.protobuf_descriptor_set, spec.protobuf_message, spec.schema_registry_url,
+        numeric_columns({c.name: str(c.type) for c in schema.columns})),
 }
 NAMES = tuple(f.value for f in Format)
 

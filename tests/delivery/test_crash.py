@@ -23,7 +23,7 @@ from sparkapp.edges.insert import Inserter
 from sparkapp.edges.store import PartitionKey, StateStore
 from sparkapp.formats.record_key import KeyFormat
 from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
-from tests.helpers import line_batch, msg, read_dlq
+from tests.helpers import compile_proto, line_batch, msg, proto_message, read_dlq
 
 CRASH_RUNS_PER_CASE = 30
 # the record's metadata too (key, headers, timestamp type), compared value for value at the end
@@ -79,9 +79,21 @@ def upsert_key(i: int, row: dict[str, int]) -> bytes:
     return json.dumps({"schema": {}, "payload": row} if i % 4 == 0 else row).encode()
 
 
-def stream(rng: random.Random, topic: str, partition: int, n: int, mode: str = "plain") -> list[Message]:
+PROTO = 'syntax = "proto3"; package crash; message Row { uint32 id = 1; string note = 2; }'
+CONFLUENT_FRAME = b"\x00\x00\x00\x00\x07\x00"  # magic byte, schema id 7, message indexes [0]
+
+
+def proto_value(i: int, row: dict[str, int], descriptor_set: str) -> bytes:
+    """The i-th record of a Protobuf stream, in Confluent's wire format every 3rd time (the id 0 is no bytes)."""
+    value = proto_message(descriptor_set, "crash.Row", {**row, "note": f"n{i}"})
+    return CONFLUENT_FRAME + value if i % 3 == 0 else value
+
+
+def stream(rng: random.Random, topic: str, partition: int, n: int, mode: str = "plain",
+           descriptor_set: str = "") -> list[Message]:
     """n messages with random offset gaps, as compaction or transaction markers leave them (`cdc`: as change
-    events; `upsert`: rows keyed by JSON keys, a tombstone every 7th record, the row's id in the key alone)."""
+    events; `upsert`: rows keyed by JSON keys, a tombstone every 7th record, the row's id in the key alone;
+    `protobuf`: Protobuf messages)."""
     out, off = [], rng.randrange(0, 5)
     for i in range(n):
         row = {"id": partition * 100_000 + i}
@@ -90,6 +102,8 @@ def stream(rng: random.Random, topic: str, partition: int, n: int, mode: str = "
             value, key = (None if i % 7 == 0 and i else {"v": i}), upsert_key(i, row)
             if rng.random() < 0.04:
                 value, key = rng.choice([(b"{broken", key), (value, BAD_KEY)])
+        elif mode == "protobuf":
+            value = rng.choice(BAD) if rng.random() < 0.04 else proto_value(i, row, descriptor_set)
         else:
             value = rng.choice(BAD) if rng.random() < 0.04 else change(i, row) if mode == "cdc" else row
         out.append(msg(value, offset=off, topic=topic, partition=partition, key=key,
@@ -113,25 +127,30 @@ def start_offset(rng: random.Random, store: StateStore, pk: PartitionKey, log: l
 
 
 # (seed, variant) pairs: the shared transitions (seed 4) are crashed against tokens alone and recounting
-# alone; an upsert stream (seed 6) differs from the others in its decoder alone: crashed once, recounted
+# alone; an upsert stream (seed 6) and a Protobuf one (seed 7) differ from the others in their decoder alone:
+# crashed once each, recounted
 CASES = [(seed, v) for seed in (1, 2, 3, 4, 5) for v in VARIANTS if (seed, v) != (4, "token+recount")] + \
-    [(6, "window-expired")]
+    [(6, "window-expired"), (7, "token+recount")]
 
 
 @pytest.mark.parametrize(("seed", "variant"), CASES)
-def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed):
+def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_path):
     """Seed 1 takes the decoding path, seed 2 the fast path (ClickHouse parses, bad records sifted out), seed 3
     either, batch by batch: a retry of a range often takes the other path, and must send the same blocks.
     Seed 4 writes both partitions' batches together, their transitions shared (write_lines_many), as the
     driver does. Seed 5 is a Debezium change stream (deletes, tombstones) on the decoding path, as the job
-    takes it; seed 6 an upsert stream (ids from JSON keys, tombstones as deletes, bad keys dead-lettered)."""
-    path = {1: "decode", 2: "lines", 4: "many", 5: "decode", 6: "decode"}.get(seed, "either")
-    mode = {5: "cdc", 6: "upsert"}.get(seed, "plain")
+    takes it; seed 6 an upsert stream (ids from JSON keys, tombstones as deletes, bad keys dead-lettered); seed 7
+    a Protobuf stream (some in Confluent's wire format, bad values dead-lettered), its notes compared too."""
+    path = {1: "decode", 2: "lines", 4: "many", 5: "decode", 6: "decode", 7: "decode"}.get(seed, "either")
+    mode = {5: "cdc", 6: "upsert", 7: "protobuf"}.get(seed, "plain")
+    descriptor_set = compile_proto(PROTO, tmp_path, "crash.proto") if mode == "protobuf" else ""
     client, db = ch_db
     dlq_topic = topic(1)
     cols, window = VARIANTS[variant]
-    if mode != "plain":
+    if mode in ("cdc", "upsert"):
         cols += ", _op LowCardinality(String), _deleted UInt8"
+    if mode == "protobuf":
+        cols += ", note String"
     client.command(f"CREATE TABLE ev (id UInt32, {cols}) ENGINE = MergeTree ORDER BY _offset "
                    f"SETTINGS non_replicated_deduplication_window = {window}")
     schema = load_schema(client, db, "ev")
@@ -139,13 +158,16 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed):
     store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/crash_{db}")
     store.ensure_schema()
     rng = random.Random(seed * 1000 + len(variant))
-    logs = {p: stream(rng, "src", p, 800, mode) for p in (0, 1)}
+    logs = {p: stream(rng, "src", p, 800, mode, descriptor_set) for p in (0, 1)}
 
     def refetch(topic: str, partition: int, r: OffsetRange) -> list[Message]:
         return [m for m in logs[partition] if m.offset in r]
 
-    spec = DecoderSpec(Format.JSON, envelope={"cdc": "debezium"}.get(mode, mode if mode == "upsert" else "none"),
-                       key_format=KeyFormat.JSON if mode == "upsert" else KeyFormat.NONE)
+    spec = DecoderSpec(Format.PROTOBUF if mode == "protobuf" else Format.JSON,
+                       envelope={"cdc": "debezium"}.get(mode, mode if mode == "upsert" else "none"),
+                       key_format=KeyFormat.JSON if mode == "upsert" else KeyFormat.NONE,
+                       protobuf_descriptor_set=descriptor_set or None,
+                       protobuf_message="crash.Row" if descriptor_set else None)
     dlq = KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap})
     crashes: dict[str, int] = {}
     runs = 0
@@ -219,6 +241,9 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed):
         keys = {i: upsert_key(i % 100_000, {"id": i}).decode() for i, _ in expected} if mode == "upsert" else {}
         assert [tuple(r) for r in stored] == [(i, *expected_metadata(i % 100_000)) if mode != "upsert" else
                                               (i, keys[i], *expected_metadata(i % 100_000)[1:]) for i, _ in expected]
+    if mode == "protobuf":  # each message's own values, framed or not
+        notes = client.query("SELECT id, note FROM ev ORDER BY id").result_rows
+        assert [tuple(r) for r in notes] == [(i, f"n{i % 100_000}") for i, _ in expected]
     if mode == "upsert":  # each value its key's row, each tombstone its key's delete
         ops = client.query("SELECT id, _op, _deleted FROM ev ORDER BY id").result_rows
         assert [tuple(r) for r in ops] == [(i, *(("d", 1) if i % 100_000 % 7 == 0 and i % 100_000 else ("u", 0)))

@@ -55,6 +55,25 @@ def make_ctx(client, db, table, dlq=None, sink="lines"):
                          store.acquire_epoch(sink), block_offsets=40, dlq=dlq)
 
 
+def fast_and_slow(ch_db, kafka, dlq_topic: str, fast: str, slow: str):
+    """Two sinks (each its own table, named as the sink) sharing one dead-letter topic: the writer contexts of the
+    fast path's and the decoding path's run over the same records, and the dead-letter sink."""
+    client, db = ch_db
+    dlq = KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap})
+    for t in (fast, slow):
+        client.command(f"CREATE TABLE {t} ({COLUMNS}) ENGINE = MergeTree ORDER BY _offset")
+    return make_ctx(client, db, fast, dlq, sink=fast), make_ctx(client, db, slow, dlq, sink=slow), dlq
+
+
+def reasons_by_sink(bootstrap: str, dlq_topic: str, n: int) -> dict[str, dict[int, str]]:
+    """The dead-letter topic's n letters: sink -> offset -> reason."""
+    by_sink: dict[str, dict[int, str]] = {}
+    for m in read_dlq(bootstrap, dlq_topic, n):
+        h = dict(m.headers())
+        by_sink.setdefault(h[HEADER_SINK].decode(), {})[int(h[HEADER_OFFSET])] = h[HEADER_REASON].decode()
+    return by_sink
+
+
 def rows(client, table):
     return client.query(f"SELECT * EXCEPT _key, toString(_key) FROM {table} ORDER BY _offset").result_rows
 
@@ -143,12 +162,9 @@ def test_only_the_bad_records_leave_the_fast_path_never_their_neighbours(ch_db, 
     """Dirty data at clean-data speed: each bad record is decoded (and dead-lettered) alone, and its window's
     other lines stay on the fast path under the window's token; the table and the dead letters equal the
     decoding path's."""
-    client, db = ch_db
-    for t in ("dirty", "ref"):
-        client.command(f"CREATE TABLE {t} ({COLUMNS}) ENGINE = MergeTree ORDER BY _offset")
+    client, _ = ch_db
     dlq_topic = topic(1)
-    dlq = KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap})
-    fast, slow = make_ctx(client, db, "dirty", dlq, sink="dirty"), make_ctx(client, db, "ref", dlq, sink="ref")
+    fast, slow, dlq = fast_and_slow(ch_db, kafka, dlq_topic, "dirty", "ref")
     msgs = messages(400)
     bad = {100 + i: DIRTY[i % len(DIRTY)] for i in range(3, 400, 9)}  # one or more in every window of 40
     msgs = [Message(m.topic, 0, m.offset, bad.get(m.offset, m.value), m.key, m.timestamp_ms) for m in msgs]
@@ -164,12 +180,29 @@ def test_only_the_bad_records_leave_the_fast_path_never_their_neighbours(ch_db, 
     assert calls == {"refused": 0, "send": 1, "sent_since": 0}, calls
     write_partition(slow, PartitionKey("ref", "src", 0), msgs)
     assert rows(client, "dirty") == rows(client, "ref")
-    dead = read_dlq(kafka.bootstrap, dlq_topic, 2 * len(bad))
-    by_sink: dict[str, dict[int, str]] = {}
-    for m in dead:
-        h = dict(m.headers())
-        by_sink.setdefault(h[HEADER_SINK].decode(), {})[int(h[HEADER_OFFSET])] = h[HEADER_REASON].decode()
+    by_sink = reasons_by_sink(kafka.bootstrap, dlq_topic, 2 * len(bad))
     assert by_sink["dirty"] == by_sink["ref"] and set(by_sink["dirty"]) == set(bad), "the decoder's reasons, once"
+
+
+def test_a_lone_surrogate_escape_is_dead_lettered_on_both_paths_not_stored_or_stuck(ch_db, kafka, topic):
+    """`"\\ud800"` names no character: ClickHouse refuses it (CANNOT_PARSE_ESCAPE_SEQUENCE), so the decoder must
+    too, with a reason, on both paths, rather than keep a string no insert can encode (which stopped the sink)."""
+    client, _ = ch_db
+    dlq_topic = topic(1)
+    fast, slow, _dlq = fast_and_slow(ch_db, kafka, dlq_topic, "fast", "slow")
+    bad = {110: b'{"id": 1, "note": "\\ud800 alone"}', 111: b'{"id": 2, "note": "x\\uDC80"}',
+           112: b'{"id": 3, "attrs": {"\\ud83d": "v"}}'}
+    ok = b'{"id": 4, "note": "\\ud83d\\ude00 a pair is one character"}'
+    msgs = [Message(m.topic, 0, m.offset, bad.get(m.offset, ok if m.offset == 113 else m.value), m.key,
+                    m.timestamp_ms) for m in messages(60)]
+    r = write_lines(fast, PartitionKey("fast", "src", 0), line_batch(msgs, fast.inserter.schema.names))
+    s = write_partition(slow, PartitionKey("slow", "src", 0), msgs)
+    assert (r.inserted_rows, r.dead_lettered) == (s.inserted_rows, s.dead_lettered) == (57, 3)
+    assert rows(client, "fast") == rows(client, "slow")
+    assert client.query("SELECT note FROM fast WHERE _offset = 113").result_rows == [("😀 a pair is one character",)]
+    reasons = reasons_by_sink(kafka.bootstrap, dlq_topic, 6)
+    assert reasons["fast"] == reasons["slow"] and set(reasons["fast"]) == set(bad)
+    assert "lone surrogate" in reasons["fast"][110], reasons
 
 
 def test_a_flagged_line_the_decoder_keeps_sends_its_whole_window_through_the_decoder(ch_db):

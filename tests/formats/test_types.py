@@ -112,6 +112,16 @@ def test_json_type_column(ch_db):
     assert got["b"] == {"c": "x"} and int(got["a"]) == 1
 
 
+def test_string_format_stores_a_value_that_is_not_utf8_as_its_bytes(ch_db):
+    """A String column holds bytes: a record that is not UTF-8 text is stored as it is (it stopped the sink: no
+    insert could encode the text it was decoded to)."""
+    client, db = ch_db
+    client.command("CREATE TABLE raw (line String, _offset UInt64) ENGINE = MergeTree ORDER BY _offset")
+    values = [b"\x80\xffbinary", "ünïcode".encode(), b"\xed\xa0\x80"]
+    assert load_rows(client, db, "raw", [msg(v, offset=i) for i, v in enumerate(values)], DecoderSpec(Format.STRING)) == []
+    assert client.query("SELECT hex(line) FROM raw ORDER BY _offset").result_rows == [(v.hex().upper(),) for v in values]
+
+
 def test_string_format_single_column(ch_db):
     client, db = ch_db
     client.command("CREATE TABLE raw (line String, _offset UInt64) ENGINE = MergeTree ORDER BY _offset")

@@ -86,6 +86,13 @@ BAD_SPECS = [
      "format.envelope debezium needs a record format"),
     (("format",), {"keyFormat": "avro"}, "keyFormat avro needs `keyAvroSchema` or `schemaRegistryUrl`",
      "format.keyFormat avro needs keyAvroSchema or schemaRegistryUrl"),
+    (("format",), {"type": "protobuf"}, "format protobuf needs `protobufDescriptorSet` with `protobufMessage`",
+     "format protobuf needs protobufDescriptorSet with protobufMessage, or schemaRegistryUrl"),
+    (("format",), {"type": "protobuf", "schemaRegistryUrl": "http://r:8081", "protobufMessage": "shop.v1.Order"},
+     "`protobufDescriptorSet` and `protobufMessage` go together",
+     "format.protobufDescriptorSet and format.protobufMessage go together"),
+    (("format",), {"type": "protobuf", "protobufDescriptorSet": "CgA=", "protobufMessage": "shop.v1.Order"},
+     "protobufMessage 'shop.v1.Order' is not a message of the descriptor set", None),
 ]
 
 
