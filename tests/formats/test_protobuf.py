@@ -264,3 +264,18 @@ def test_a_set_made_without_its_imports_takes_the_well_known_types_from_protobuf
     value = proto_message(compile_proto(PROTO, tmp_path, "shop.proto"), "shop.v1.Row",
                           {"ts": "2024-01-01T00:00:00Z", "maybe": "3"})
     assert ProtobufReader(ds, "shop.v1.Row", None)(value)["ts"] == "2024-01-01T00:00:00Z"
+
+
+def test_schema_evolution_adds_the_fields_a_newer_message_brings(tmp_path):
+    """addColumns reads Protobuf records as it reads JSON and Avro ones: the scalar fields of the message as
+    configured (a newer descriptor set, or the writer's schema from a registry) that no column takes become
+    Nullable columns; bytes and messages are left for the user to give a column."""
+    from sparkapp.formats.evolution import new_columns
+
+    ds = compile_proto('syntax = "proto3"; message V2 { uint64 id = 1; string country = 2; double score = 3; '
+                       'bool flag = 4; bytes blob = 5; V2 child = 6; repeated int32 xs = 7; }', tmp_path, "v2.proto")
+    schema = build_schema("d", "t", [("id", "UInt64", "", None), ("_offset", "UInt64", "", None)])
+    read = ProtobufReader(ds, "V2", None)
+    records = [read(proto_message(ds, "V2", {"id": "1", "country": "nl", "blob": "AA=="})), read(b"\x08\x02")]
+    assert new_columns(schema, records) == {"country": "Nullable(String)", "score": "Nullable(Float64)",
+                                            "flag": "Nullable(Bool)"}
