@@ -61,6 +61,16 @@ def _string_codec(name: str) -> codecs.CodecInfo | None:
 codecs.register(_string_codec)
 
 
+def _sent_as(type_text: str, column: Sequence[Any]) -> str:
+    """The type a column goes out as: its own, but a Dynamic column as a Variant of the types its values took
+    (formats/chtypes.dynamic_type), which ClickHouse stores in the Dynamic column with each value's type
+    (clickhouse-connect would send it as String, every value its text)."""
+    if type_text != "Dynamic" and not type_text.startswith("Dynamic("):
+        return type_text
+    members = sorted({v.type_name for v in column if v is not None})
+    return f"Variant({', '.join(members or ['String'])})"
+
+
 class InsertError(RuntimeError):
     """An insert failed permanently or ran out of retries."""
 
@@ -202,12 +212,14 @@ class Inserter:
                                    settings=settings, fmt="JSONEachRow")
         else:
             names = list(block.columns)
+            data = list(block.data)
             types = [self._types[self.schema.names.index(n)] for n in names]
+            types = [_sent_as(t, col) for t, col in zip(types, data, strict=True)]
             ctx = self.client.create_insert_context(self.schema.fqn, names, column_type_names=types,
                                                     column_oriented=True, settings=settings)
             ctx.req_block_size = max(1, block.rows)  # the client would cut ~2 MB blocks, each with its own token
             ctx.encoding = STRING_ENCODING
-            ctx.data = list(block.data)
+            ctx.data = data
             self.client.insert(context=ctx)
         self.inserts += 1
         return block.rows

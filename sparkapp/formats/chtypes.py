@@ -467,9 +467,123 @@ def _nullable_conv(t: CHType) -> Converter:
     return conv
 
 
+# Which members of a Variant a value may go to, by what the value is, in order of preference: a value goes to
+# the first of them that takes it whole (its strict converter), never by guessing from its text (a string goes
+# to String when there is one, however much it looks like a date). Only the decoder writes Variant columns.
+_NUMBER_MEMBERS = ("Float64", "Float32", "BFloat16", "Decimal", "Decimal32", "Decimal64", "Decimal128", "Decimal256")
+_VARIANT_MEMBERS: tuple[tuple[type | tuple[type, ...], tuple[str, ...]], ...] = (
+    (bool, ("Bool",)),
+    (int, ("Int64", "UInt64", "Int128", "UInt128", "Int256", "UInt256", "Int32", "UInt32", "Int16", "UInt16",
+           "Int8", "UInt8", *_NUMBER_MEMBERS)),
+    (float, _NUMBER_MEMBERS),
+    (decimal.Decimal, (*_NUMBER_MEMBERS[3:], *_NUMBER_MEMBERS[:3])),
+    (str, ("String", "FixedString", "UUID", "IPv4", "IPv6", "Enum8", "Enum16", "Date", "Date32", "DateTime",
+           "DateTime64")),
+    (bytes, ("String", "FixedString")),
+    ((list, tuple), ("Array", "Tuple")),
+    (dict, ("Map", "Tuple", "JSON")),
+    (dt.datetime, ("DateTime64", "DateTime")),
+    (dt.date, ("Date", "Date32")),
+    (uuid.UUID, ("UUID",)),
+)
+
+
+def _variant_conv(t: CHType) -> Converter:
+    from clickhouse_connect.datatypes.dynamic import typed_variant
+
+    members = [(m, str(m), _base_converter(m)) for m in t.args if isinstance(m, CHType)]
+
+    def candidates(v: Any) -> list[tuple[str, Converter]]:
+        for kinds, names in _VARIANT_MEMBERS:
+            if isinstance(v, kinds):
+                return [(text, conv) for name in names for m, text, conv in members if m.name == name]
+        return []
+
+    def conv(v: Any) -> Any:
+        if v is None:
+            return None
+        for text, member in candidates(v):
+            try:
+                return typed_variant(member(v), text)
+            except ConversionError:
+                continue
+        raise ConversionError(f"no member of {t} takes {_short(v)}")
+
+    return conv
+
+
+_DYNAMIC_INTS = ("Int64", "UInt64", "Int128", "UInt128", "Int256", "UInt256")
+
+
+def _int_type(values: list[int]) -> str:
+    """The first of Int64, UInt64, Int128, ... that holds every one of the values."""
+    for name in _DYNAMIC_INTS:
+        unsigned, bits = _INT_BITS[name]
+        lo, hi = (0, 2**bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        if all(lo <= v <= hi for v in values):
+            return name
+    raise ConversionError(f"integer {_short(max(values, key=abs))} out of range for every integer type")
+
+
+def dynamic_type(v: Any) -> str:
+    """The type a value takes in a Dynamic column, from what the value is (its JSON, Avro or Protobuf kind),
+    never from its text: integers the first of Int64, UInt64, Int128, ... that holds them, other numbers Float64
+    (Avro decimals Decimal), text and bytes String, objects JSON, lists Array of their elements' one type
+    (Nullable when some are null; integers with fractions Float64)."""
+    if isinstance(v, bool):
+        return "Bool"
+    if isinstance(v, int):
+        return _int_type([v])
+    if isinstance(v, float):
+        return "Float64"
+    if isinstance(v, decimal.Decimal):
+        exponent = v.as_tuple().exponent
+        return f"Decimal(76, {max(0, -exponent) if isinstance(exponent, int) else 0})"
+    if isinstance(v, str | bytes):
+        return "String"
+    if isinstance(v, dt.datetime):
+        return "DateTime64(6, 'UTC')"
+    if isinstance(v, dt.date):
+        return "Date32"
+    if isinstance(v, uuid.UUID):
+        return "UUID"
+    if isinstance(v, dict):
+        return "JSON"
+    if isinstance(v, list | tuple):
+        items = [x for x in v if x is not None]
+        kinds = {dynamic_type(x) for x in items}
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in items) and items:
+            kinds = {_int_type(list(items))}
+        elif kinds and kinds <= {*_DYNAMIC_INTS, "Float64"}:
+            kinds = {"Float64"}
+        if len(kinds) > 1:
+            raise ConversionError(f"a list mixing {', '.join(sorted(kinds))} has no one type in a Dynamic column; "
+                                  "give the column a type")
+        inner = kinds.pop() if kinds else "String"
+        nullable = len(items) < len(v) and not inner.startswith(("Array", "JSON", "Map", "Tuple"))
+        if len(items) < len(v) and not nullable:
+            raise ConversionError(f"a list of {inner} with nulls has no type in a Dynamic column")
+        return f"Array(Nullable({inner}))" if nullable else f"Array({inner})"
+    raise _wrong("Dynamic", v)
+
+
+def _dynamic(v: Any) -> Any:
+    from clickhouse_connect.datatypes.dynamic import typed_variant
+
+    if v is None:
+        return None
+    text = dynamic_type(v)
+    return typed_variant(converter(parse_type(text))(v), text)
+
+
 def converter(t: CHType) -> Converter:
-    """The strict converter of a type; None is rejected unless the type is Nullable."""
+    """The strict converter of a type; None is rejected unless the type is Nullable (or a Variant or Dynamic:
+    NULL is one of their values)."""
     name = t.name
+    if name == "Variant":
+        return _variant_conv(t)
+    if name == "Dynamic":
+        return _dynamic
     if name == "Nullable":
         return _nullable_conv(t)
     if name == "LowCardinality":
@@ -507,7 +621,7 @@ def _base_converter(t: CHType) -> Converter:
 def zero_value(t: CHType) -> Any:
     """The type's implicit default (what ClickHouse uses for a column with no DEFAULT expression)."""
     n = t.name
-    if n == "Nullable":
+    if n in ("Nullable", "Variant", "Dynamic"):
         return None
     if n == "LowCardinality":
         return zero_value(t.args[0])

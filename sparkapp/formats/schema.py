@@ -56,15 +56,22 @@ def build_schema(database: str, table: str, rows: list[tuple[str, str, str, Any]
             continue  # computed by ClickHouse, never inserted
         t = localize(parse_type(type_text), zone)
         _check_metadata(database, table, name, t)
+        if t.name != "Dynamic" and _holds_dynamic(t):  # the insert sends a Dynamic column as a Variant: only whole
+            raise SchemaError(f"column `{name}` of `{database}`.`{table}`: a Dynamic inside {t.name} cannot be "
+                              "written with each value's type; make the column itself Dynamic, or a Variant")
         try:
             conv = converter(t)
-        except ValueError as e:  # a type chsink cannot yet store exactly (Variant, Dynamic, geo types)
+        except ValueError as e:  # a type chsink cannot yet store exactly (the geo types, Time, ...)
             raise SchemaError(f"column `{name}` of `{database}`.`{table}`: {e}") from None
         value = zero_value(t) if kind == "" else conv(default) if default is not None else zero_value(t)
         cols.append(Column(name, t, kind, value, conv, type_text))
     if not cols:
         raise SchemaError(f"table `{database}`.`{table}` has no insertable columns")
     return TableSchema(database, table, tuple(cols))
+
+
+def _holds_dynamic(t: CHType) -> bool:
+    return t.name == "Dynamic" or any(_holds_dynamic(a) for a in t.args if isinstance(a, CHType))
 
 
 def _check_metadata(database: str, table: str, name: str, t: CHType) -> None:

@@ -89,6 +89,11 @@ def proto_value(i: int, row: dict[str, int], descriptor_set: str) -> bytes:
     return CONFLUENT_FRAME + value if i % 3 == 0 else value
 
 
+def mixed(i: int) -> dict[str, object]:
+    """The i-th record's Dynamic and Variant values: a number, text, a list or an object, by turns."""
+    return {"v": [i, f"s{i}", [i, i + 1], {"n": i}][i % 4], "w": i if i % 2 else f"w{i}"}
+
+
 def stream(rng: random.Random, topic: str, partition: int, n: int, mode: str = "plain",
            descriptor_set: str = "") -> list[Message]:
     """n messages with random offset gaps, as compaction or transaction markers leave them (`cdc`: as change
@@ -104,6 +109,8 @@ def stream(rng: random.Random, topic: str, partition: int, n: int, mode: str = "
                 value, key = rng.choice([(b"{broken", key), (value, BAD_KEY)])
         elif mode == "protobuf":
             value = rng.choice(BAD) if rng.random() < 0.04 else proto_value(i, row, descriptor_set)
+        elif mode == "mixed":
+            value = rng.choice(BAD) if rng.random() < 0.04 else {**row, **mixed(i)}
         else:
             value = rng.choice(BAD) if rng.random() < 0.04 else change(i, row) if mode == "cdc" else row
         out.append(msg(value, offset=off, topic=topic, partition=partition, key=key,
@@ -127,10 +134,10 @@ def start_offset(rng: random.Random, store: StateStore, pk: PartitionKey, log: l
 
 
 # (seed, variant) pairs: the shared transitions (seed 4) are crashed against tokens alone and recounting
-# alone; an upsert stream (seed 6) and a Protobuf one (seed 7) differ from the others in their decoder alone:
-# crashed once each, recounted
+# alone; an upsert stream (seed 6), a Protobuf one (seed 7) and Dynamic and Variant columns (seed 8) differ from
+# the others in their decoder alone: crashed once each, recounted
 CASES = [(seed, v) for seed in (1, 2, 3, 4, 5) for v in VARIANTS if (seed, v) != (4, "token+recount")] + \
-    [(6, "window-expired"), (7, "token+recount")]
+    [(6, "window-expired"), (7, "token+recount"), (8, "token+recount")]
 
 
 @pytest.mark.parametrize(("seed", "variant"), CASES)
@@ -140,9 +147,10 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_pa
     Seed 4 writes both partitions' batches together, their transitions shared (write_lines_many), as the
     driver does. Seed 5 is a Debezium change stream (deletes, tombstones) on the decoding path, as the job
     takes it; seed 6 an upsert stream (ids from JSON keys, tombstones as deletes, bad keys dead-lettered); seed 7
-    a Protobuf stream (some in Confluent's wire format, bad values dead-lettered), its notes compared too."""
-    path = {1: "decode", 2: "lines", 4: "many", 5: "decode", 6: "decode", 7: "decode"}.get(seed, "either")
-    mode = {5: "cdc", 6: "upsert", 7: "protobuf"}.get(seed, "plain")
+    a Protobuf stream (some in Confluent's wire format, bad values dead-lettered), its notes compared too; seed 8
+    a Dynamic and a Variant column taking values of every kind, each value compared with its type."""
+    path = {1: "decode", 2: "lines", 4: "many", 5: "decode", 6: "decode", 7: "decode", 8: "decode"}.get(seed, "either")
+    mode = {5: "cdc", 6: "upsert", 7: "protobuf", 8: "mixed"}.get(seed, "plain")
     descriptor_set = compile_proto(PROTO, tmp_path, "crash.proto") if mode == "protobuf" else ""
     client, db = ch_db
     dlq_topic = topic(1)
@@ -151,6 +159,8 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_pa
         cols += ", _op LowCardinality(String), _deleted UInt8"
     if mode == "protobuf":
         cols += ", note String"
+    if mode == "mixed":
+        cols += ", v Dynamic, w Variant(Int64, String)"
     client.command(f"CREATE TABLE ev (id UInt32, {cols}) ENGINE = MergeTree ORDER BY _offset "
                    f"SETTINGS non_replicated_deduplication_window = {window}")
     schema = load_schema(client, db, "ev")
@@ -244,6 +254,16 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_pa
     if mode == "protobuf":  # each message's own values, framed or not
         notes = client.query("SELECT id, note FROM ev ORDER BY id").result_rows
         assert [tuple(r) for r in notes] == [(i, f"n{i % 100_000}") for i, _ in expected]
+    if mode == "mixed":  # each value with the type of its kind
+        got = client.query("SELECT id, dynamicType(v), toString(v), variantType(w), toString(w) FROM ev ORDER BY id")
+        kinds = ("Int64", "String", "Array(Int64)", "JSON")
+        want = []
+        for i, _ in expected:
+            m = mixed(i % 100_000)
+            v = m["v"]
+            text = json.dumps(v, separators=(",", ":")) if isinstance(v, dict | list) else str(v)
+            want.append((i, kinds[i % 100_000 % 4], text, "Int64" if i % 2 else "String", str(m["w"])))
+        assert [tuple(r) for r in got.result_rows] == want
     if mode == "upsert":  # each value its key's row, each tombstone its key's delete
         ops = client.query("SELECT id, _op, _deleted FROM ev ORDER BY id").result_rows
         assert [tuple(r) for r in ops] == [(i, *(("d", 1) if i % 100_000 % 7 == 0 and i % 100_000 else ("u", 0)))

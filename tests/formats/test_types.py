@@ -187,3 +187,84 @@ def test_avro_roundtrip_every_type(ch_db):
     names = list(AVRO_RECORD)
     got = client.query(f"SELECT {', '.join(f'toString({c})' for c in names)} FROM av").result_rows[0]
     assert dict(zip(names, got, strict=True)) == dict(zip(names, AVRO_EXPECTED, strict=True))
+
+
+VARIANT = "Variant(String, Int64, UInt64, Float64, Bool, Array(Int64), Map(String, Int64), Date, UUID)"
+
+
+@pytest.mark.parametrize(("value", "member", "text"), [
+    ("text", "String", "text"), ("2024-01-01", "String", "2024-01-01"),  # a string stays a String when one can
+    (-5, "Int64", "-5"), (2**63, "UInt64", str(2**63)), (1.5, "Float64", "1.5"), (True, "Bool", "true"),
+    ([1, 2], "Array(Int64)", "[1,2]"), ({"a": 1}, "Map(String, Int64)", "{'a':1}"), (None, "None", ""),
+])
+def test_a_variant_column_takes_each_value_in_the_member_of_its_kind(ch_db, value, member, text):
+    client, db = ch_db
+    table = _one_column(client, db, VARIANT)
+    assert load_rows(client, db, table, [msg({"v": value})]) == []
+    assert client.query(f"SELECT variantType(v), toString(v) FROM `{table}`").result_rows == [(member, text)]
+
+
+def test_a_variant_without_the_values_kind_falls_to_the_next_member_or_dead_letters(ch_db):
+    client, db = ch_db
+    table = "vt"
+    client.command("CREATE TABLE vt (v Variant(Int8, UUID, Date), _offset UInt64) ENGINE = MergeTree ORDER BY _offset")
+    dead = load_rows(client, db, table, [msg({"v": 7}, offset=1), msg({"v": "2024-02-29"}, offset=2),
+                                         msg({"v": str(uuid.UUID(int=5))}, offset=3), msg({"v": 300}, offset=4),
+                                         msg({"v": "nope"}, offset=5)])
+    assert [d.reason for d in dead] == [
+        "column `v`: no member of Variant(Date, Int8, UUID) takes 300 (at t/0@4)",
+        "column `v`: no member of Variant(Date, Int8, UUID) takes \"nope\" (at t/0@5)"]
+    assert client.query(f"SELECT variantType(v), toString(v) FROM `{table}` ORDER BY _offset").result_rows == [
+        ("Int8", "7"), ("Date", "2024-02-29"), ("UUID", str(uuid.UUID(int=5)))]
+
+
+@pytest.mark.parametrize("type_text", [VARIANT, "Dynamic"])
+def test_variant_and_dynamic_columns_over_http_hold_what_the_embedded_engine_holds(ch_db, clickhouse_server,
+                                                                                   type_text):
+    """Production's path writes the same Native Variant (a Dynamic column's too) over HTTP to a server."""
+    import clickhouse_connect
+
+    client, db = ch_db
+    server = clickhouse_connect.get_client(dsn=clickhouse_server.dsn)
+    server.command("CREATE DATABASE IF NOT EXISTS variants")
+    server.command("DROP TABLE IF EXISTS variants.vt SYNC")
+    values = ["a", -1, 2**63, 0.25, False, [3], {"k": 2}, None]
+    read = "dynamicType(v)" if type_text == "Dynamic" else "variantType(v)"
+    held = []
+    for c, d in ((client, db), (server, "variants")):
+        c.command(f"CREATE TABLE {d}.vt (v {type_text}, _offset UInt64) ENGINE = MergeTree ORDER BY _offset")
+        assert load_rows(c, d, "vt", [msg({"v": v}, offset=i) for i, v in enumerate(values)]) == []
+        held.append(c.query(f"SELECT {read}, toString(v) FROM {d}.vt ORDER BY _offset").result_rows)
+    assert held[0] == held[1] and len(held[0]) == len(values)
+
+
+@pytest.mark.parametrize(("value", "kind", "text"), [
+    ("text", "String", "text"), ("2024-01-01", "String", "2024-01-01"), ("5", "String", "5"),
+    (-5, "Int64", "-5"), (2**63, "UInt64", str(2**63)), (2**64, "Int128", str(2**64)), (1.5, "Float64", "1.5"),
+    (True, "Bool", "true"), ([1, 2], "Array(Int64)", "[1,2]"), ([1, 2.5], "Array(Float64)", "[1,2.5]"),
+    ([1, None], "Array(Nullable(Int64))", "[1,NULL]"), ([["a"], []], "Array(Array(String))", "[['a'],[]]"),
+    ({"a": 1, "b": {"c": "x"}}, "JSON", '{"a":1,"b":{"c":"x"}}'), (None, "None", ""),
+])
+def test_a_dynamic_column_takes_each_value_with_the_type_of_its_kind(ch_db, value, kind, text):
+    """A value's type in a Dynamic column comes from what the value is, never from its text ("5" stays String)."""
+    client, db = ch_db
+    table = _one_column(client, db, "Dynamic")
+    assert load_rows(client, db, table, [msg({"v": value})]) == []
+    assert client.query(f"SELECT dynamicType(v), toString(v) FROM `{table}`").result_rows == [(kind, text)]
+
+
+def test_a_dynamic_list_mixing_kinds_is_dead_lettered_with_the_reason(ch_db):
+    client, db = ch_db
+    client.command("CREATE TABLE dt (v Dynamic, _offset UInt64) ENGINE = MergeTree ORDER BY _offset")
+    dead = load_rows(client, db, "dt", [msg({"v": [1, "a"]}, offset=1), msg({"v": 3}, offset=2)])
+    assert [d.reason for d in dead] == ["column `v`: a list mixing Int64, String has no one type in a Dynamic column; "
+                                        "give the column a type (at t/0@1)"]
+    assert client.query("SELECT dynamicType(v), _offset FROM dt").result_rows == [("Int64", 2)]
+
+
+@pytest.mark.parametrize("type_text", ["Array(Dynamic)", "Map(String, Dynamic)", "Tuple(a Dynamic)"])
+def test_a_dynamic_inside_another_type_is_refused_naming_the_column(type_text):
+    from sparkapp.formats.schema import SchemaError, build_schema
+
+    with pytest.raises(SchemaError, match=r"column `v` of `d`.`t`: a Dynamic inside"):
+        build_schema("d", "t", [("v", type_text, "", None)])
