@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import json
 import struct
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from .rows import DecodeError
+from .schema_registry import fetch
 
 
 class AvroReader:
@@ -51,12 +51,11 @@ class AvroReader:
 
         if schema_id not in self._registry:
             url = f"{url_base.rstrip('/')}/schemas/ids/{schema_id}"
+            text = fetch(url, f"avro: schema id {schema_id}")["schema"]
             try:
-                with urllib.request.urlopen(url, timeout=10) as r:
-                    text = json.load(r)["schema"]
-            except Exception as e:
-                raise DecodeError(f"avro: schema id {schema_id} not found at {url}: {e}") from None
-            self._registry[schema_id] = fastavro.parse_schema(json.loads(text))
+                self._registry[schema_id] = fastavro.parse_schema(json.loads(text))
+            except Exception as e:  # the registry's schema for this id is not Avro: every record naming it is bad
+                raise DecodeError(f"avro: schema id {schema_id} at {url} is no Avro schema: {e}") from None
         return self._registry[schema_id]
 
 

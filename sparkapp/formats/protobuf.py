@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import struct
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from .rows import DecodeError
+from .schema_registry import fetch
 
 ValueFn = Callable[[Any], Any]
 _INT_TYPES = {f"{p}Int{n}" for p in ("", "U") for n in (8, 16, 32, 64, 128, 256)}
@@ -118,7 +117,8 @@ class _Converter:
 
     def __init__(self, numeric_enums: frozenset[str]) -> None:
         self.numeric_enums = numeric_enums  # top-level fields whose column takes numbers
-        self._plans: dict[str, list[tuple[str, bool, ValueFn]]] = {}
+        # by the descriptor itself, not its name: a registry's versions of one message share the name
+        self._plans: dict[tuple[Any, bool], list[tuple[str, bool, ValueFn]]] = {}
 
     def record(self, m: Any) -> dict[str, Any]:
         return self._message(m, top=True)
@@ -128,7 +128,7 @@ class _Converter:
         return {name: fn(getattr(m, name)) for name, presence, fn in plan if not presence or m.HasField(name)}
 
     def _plan(self, desc: Any, top: bool) -> list[tuple[str, bool, ValueFn]]:
-        key = f"{desc.full_name}/{top}"
+        key = (desc, top)
         if key not in self._plans:
             self._plans[key] = [(f.name, f.has_presence and not f.is_repeated,
                                  self._field(f, top and f.name in self.numeric_enums)) for f in desc.fields]
@@ -262,12 +262,11 @@ class ProtobufReader:
         from google.protobuf import descriptor_pb2
 
         url = f"{self.registry_url}{path}"
+        doc = fetch(url, f"protobuf: schema {name}")
         try:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                doc = json.load(r)
             proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(doc["schema"]))
-        except Exception as e:
-            raise DecodeError(f"protobuf: cannot read the schema at {url}: {e}") from None
+        except Exception as e:  # not a serialized Protobuf schema: every record naming it is bad
+            raise DecodeError(f"protobuf: the schema at {url} is no serialized Protobuf file: {e}") from None
         proto.name = proto.name or name
         seen.add(proto.name)
         for ref in doc.get("references") or []:

@@ -279,3 +279,18 @@ def test_schema_evolution_adds_the_fields_a_newer_message_brings(tmp_path):
     records = [read(proto_message(ds, "V2", {"id": "1", "country": "nl", "blob": "AA=="})), read(b"\x08\x02")]
     assert new_columns(schema, records) == {"country": "Nullable(String)", "score": "Nullable(Float64)",
                                             "flag": "Nullable(Bool)"}
+
+
+def test_two_versions_of_one_message_are_each_read_with_their_own_fields(tmp_path):
+    """A registry hands out several versions of a message under one name: each record is read with its writer's
+    fields (one reader converts both, as the registry path does)."""
+    from sparkapp.formats.protobuf import _Converter, load_descriptor_set, message_class
+
+    v1 = compile_proto('syntax = "proto3"; package p; message M { int64 a = 1; }', tmp_path, "v1.proto")
+    (tmp_path / "v2").mkdir()
+    v2 = compile_proto('syntax = "proto3"; package p; message M { int64 a = 1; string b = 2; }', tmp_path / "v2",
+                       "v1.proto")
+    convert = _Converter(frozenset())
+    m1 = message_class(load_descriptor_set(v1), "p.M").FromString(b"\x08\x01")
+    m2 = message_class(load_descriptor_set(v2), "p.M").FromString(b"\x08\x02\x12\x01x")
+    assert (convert.record(m1), convert.record(m2)) == ({"a": 1}, {"a": 2, "b": "x"})
