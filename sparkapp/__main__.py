@@ -14,7 +14,6 @@ from .config import ConfigError, SinkConfig, UnavailableError, load_config
 from .core.state_machine import IrrecoverableStateError
 from .delivery.context import DataLossError
 from .edges.store import FencedError
-from .formats.schema_registry import RegistryUnavailableError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +41,6 @@ def _parser() -> argparse.ArgumentParser:
 _EXITS: dict[type[Exception], tuple[int, str]] = {
     ConfigError: (2, "configuration error"), FencedError: (3, "fenced"), DataLossError: (4, "data loss"),
     IrrecoverableStateError: (5, "state does not match Kafka"), UnavailableError: (6, "unavailable"),
-    RegistryUnavailableError: (6, "unavailable"),
 }
 
 

@@ -26,6 +26,7 @@ from ..formats.jsoneachrow import LineBatch, eligible
 from ..formats.registry import Reader, make_decoder, record_reader
 from ..formats.rows import DecodeError, Decoder
 from ..formats.schema import METADATA_COLUMNS, SchemaError, TableSchema
+from ..formats.schema_registry import RegistryUnavailableError
 from .context import DataLossError, PartitionResult, Refetch, WriterContext
 from .evolve import add_columns
 from .writer import write_lines, write_lines_many, write_partition
@@ -74,6 +75,21 @@ def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int],
                 log.error("%s; going on (failOnDataLoss is false)", why)
         resume[(t, p)] = low
     return {t: {str(p): resume.get((t, p), -2) for p in range(n)} for t, n in partitions.items()}
+
+
+REGISTRY = "schema registry"  # what a partition waiting for the registry stalls on, as one waits for a shard
+
+
+def waits_for_registry(read: Reader) -> Reader:
+    """A registry that does not answer stalls the partition as an unavailable shard does: nothing of the batch is
+    written or dead-lettered, the other partitions go on, and catch-up re-drives it from its state."""
+    def fields(m: Message) -> Any:
+        try:
+            return read(m)
+        except RegistryUnavailableError as e:
+            raise ShardUnavailableError(REGISTRY, str(e)) from e
+
+    return fields
 
 
 @dataclass
@@ -148,7 +164,8 @@ class Runtime:
             self.missing_tables[table] = f"target table {table!r} refused: {unsafe}"
             return None
         spec = self.cfg.format.decoder_spec()
-        self.readers[table] = record_reader(spec, schema)  # kept for addColumns: one reader (and cache) per table
+        # kept for addColumns: one reader (and schema cache) per table
+        self.readers[table] = waits_for_registry(record_reader(spec, schema))
         self.contexts[table] = self._make_context(table, schema, make_decoder(spec, schema, self.readers[table]))
         return self.contexts[table]
 

@@ -1,5 +1,5 @@
-"""A schema registry that does not answer is an outage: the batch waits and is tried again, and no record is
-dead-lettered for it (before, every framed record became a dead letter while the registry was down). One that
+"""A schema registry that does not answer is an outage: the partition waits for it (delivery/runtime.py stalls it
+as on a shard outage), and no record is dead-lettered for it (before, every framed record became a dead letter while the registry was down). One that
 answers that it has no such schema (404) makes the record a dead letter with that reason.
 
 No Confluent-compatible registry runs here (see the README's test bed), so these tests cover what needs none: a
