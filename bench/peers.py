@@ -158,6 +158,7 @@ def run_sinker(work: Path, bootstrap: str, topic: str, n: int, server: ClickHous
   logLevel: "warn"
 }}
 """)
+    # --http-host: without it the sinker finds the address to bind to by dialing a public one
     res = _run([str(binary), "--local-cfg-file", str(work / "sinker.hjson"), "--log-paths", "stdout",
-                "--http-port", str(free_port())], work, server, db, client, n, sample)
+                "--http-host", "127.0.0.1", "--http-port", str(free_port())], work, server, db, client, n, sample)
     return {**res, "peer": f"clickhouse_sinker {versions()['CLICKHOUSE_SINKER_VERSION']}", "exactly_once": False}
