@@ -268,3 +268,24 @@ def test_a_dynamic_inside_another_type_is_refused_naming_the_column(type_text):
 
     with pytest.raises(SchemaError, match=r"column `v` of `d`.`t`: a Dynamic inside"):
         build_schema("d", "t", [("v", type_text, "", None)])
+
+
+def test_avro_and_protobuf_kinds_in_a_dynamic_column_keep_their_types(ch_db):
+    """What Avro and Protobuf readers hand over beyond JSON's kinds: decimals, instants, dates, UUIDs, bytes."""
+    from sparkapp.core.blocks import build_blocks
+    from sparkapp.core.state_machine import OffsetRange
+    from sparkapp.edges.clickhouse import load_schema
+    from sparkapp.edges.insert import Inserter
+
+    client, db = ch_db
+    client.command("CREATE TABLE dk (v Dynamic, _offset UInt64) ENGINE = MergeTree ORDER BY _offset")
+    schema = load_schema(client, db, "dk")
+    values = [decimal.Decimal("1.25"), dt.datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC), dt.date(1960, 5, 6),
+              uuid.UUID(int=9), b"\xff\x00raw", [dt.date(2024, 1, 1)]]
+    rows = [(i, [schema.columns[0].conv(v), i]) for i, v in enumerate(values)]
+    for block in build_blocks(OffsetRange(0, len(values) - 1), rows, schema.names, 100, lambda w: "dk"):
+        Inserter(client, schema).insert(block)
+    assert client.query("SELECT dynamicType(v), hex(toString(v)) FROM dk ORDER BY _offset").result_rows == [
+        ("Decimal(76, 2)", b"1.25".hex().upper()), ("DateTime64(6, 'UTC')", b"2024-01-02 03:04:05.123456".hex().upper()),
+        ("Date32", b"1960-05-06".hex().upper()), ("UUID", str(uuid.UUID(int=9)).encode().hex().upper()),
+        ("String", "FF00726177"), ("Array(Date32)", b"['2024-01-01']".hex().upper())]
