@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import ipaddress
 import json
 import math
@@ -164,9 +165,13 @@ def _short(v: Any) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _int_conv(name: str) -> Converter:
+def _int_range(name: str) -> tuple[int, int]:
     unsigned, bits = _INT_BITS[name]
-    lo, hi = (0, 2**bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    return (0, 2**bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+
+def _int_conv(name: str) -> Converter:
+    lo, hi = _int_range(name)
 
     def conv(v: Any) -> int:
         if isinstance(v, bool):
@@ -518,8 +523,7 @@ _DYNAMIC_INTS = ("Int64", "UInt64", "Int128", "UInt128", "Int256", "UInt256")
 def _int_type(values: list[int]) -> str:
     """The first of Int64, UInt64, Int128, ... that holds every one of the values."""
     for name in _DYNAMIC_INTS:
-        unsigned, bits = _INT_BITS[name]
-        lo, hi = (0, 2**bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        lo, hi = _int_range(name)
         if all(lo <= v <= hi for v in values):
             return name
     raise ConversionError(f"integer {_short(max(values, key=abs))} out of range for every integer type")
@@ -567,13 +571,17 @@ def dynamic_type(v: Any) -> str:
     raise _wrong("Dynamic", v)
 
 
-def _dynamic(v: Any) -> Any:
+@functools.cache
+def _dynamic_member(text: str) -> Converter:
+    """A Dynamic value's converter for the type it takes, built once per type (not per value)."""
     from clickhouse_connect.datatypes.dynamic import typed_variant
 
-    if v is None:
-        return None
-    text = dynamic_type(v)
-    return typed_variant(converter(parse_type(text))(v), text)
+    conv = converter(parse_type(text))
+    return lambda v: typed_variant(conv(v), text)
+
+
+def _dynamic(v: Any) -> Any:
+    return None if v is None else _dynamic_member(dynamic_type(v))(v)
 
 
 def converter(t: CHType) -> Converter:
