@@ -25,6 +25,16 @@ def pytest_configure(config: pytest.Config) -> None:
     tempfile.tempdir = None  # recomputed from TMPDIR
 
 
+@pytest.fixture(scope="session", autouse=True)
+def scratch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pytest empties --basetemp when it first hands out a temporary path, after pytest_configure made the scratch
+    directory in it; made again here, before any test, or a run's first temporary file fails (chdb's, Spark's)."""
+    tmp_path_factory.getbasetemp()
+    scratch = Path(os.environ["TMPDIR"])
+    (scratch / "spark-local").mkdir(parents=True, exist_ok=True)
+    return scratch
+
+
 @pytest.fixture(scope="session")
 def testbed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("testbed")
