@@ -300,11 +300,11 @@ class StateStore:
         are DONE: every send of a range is flushed before its AFTER."""
         if not items:
             return
-        cond = " OR ".join(f"(key = {_q(it.pk.key)} AND min_offset = {it.rng.min} AND max_offset = {it.rng.max})"
-                           for it in items)
+        ranges = ", ".join(f"({_q(it.pk.key)}, {it.rng.min}, {it.rng.max})" for it in items)
         self._update(f"phase = 'AFTER', epoch = {epoch}, dlq = if(dlq = 'SENDING', 'DONE', dlq), "
                      "updated_at = now64(3)",
-                     f"key IN ({', '.join(_q(it.pk.key) for it in items)}) AND epoch <= {epoch} AND ({cond})")
+                     f"key IN ({', '.join(_q(it.pk.key) for it in items)}) AND epoch <= {epoch} AND "
+                     f"(key, min_offset, max_offset) IN ({ranges})")
         self._read_back_many([(it.pk, it.rng, Phase.AFTER, it.layout) for it in items], epoch, None)
 
     def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
@@ -405,19 +405,23 @@ class StateStore:
     def _update_many(self, items: Sequence[tuple[Begin, StateRow]], epoch: int) -> None:
         """BEFORE over each item's range in one conditional write, each row on the exact state it was planned
         from (as `_transition` with `cas`); dead-letter fields kept only where the range stays the same."""
-        def per_key(value: Callable[[Begin, StateRow], str], column: str) -> str:
-            return "multiIf(" + ", ".join(f"key = {_q(it.pk.key)}, {value(it, ex)}" for it, ex in items) + \
-                f", {column})"
+        def per_key(value: Callable[[Begin, StateRow], str | None], column: str) -> str:
+            """The column's new value by key: `value` gives a key's constant, None to keep what the row holds.
+            transform over constant arrays: ClickHouse analyses it in a fraction of a multiIf's time."""
+            pairs = [(_q(it.pk.key), v) for it, ex in items if (v := value(it, ex)) is not None]
+            if not pairs:
+                return column
+            return f"transform(key, [{', '.join(k for k, _ in pairs)}], [{', '.join(v for _, v in pairs)}], {column})"
 
-        def dlq(it: Begin, ex: StateRow) -> str:
+        def dlq(it: Begin, ex: StateRow) -> str | None:
             if it.dlq_mark is not None:
                 return f"'{DlqPhase.SENDING.value}'"
-            return "dlq" if ex.state.range == it.rng else "'NONE'"
+            return None if ex.state.range == it.rng else "'NONE'"
 
-        def mark(it: Begin, ex: StateRow) -> str:
+        def mark(it: Begin, ex: StateRow) -> str | None:
             if it.dlq_mark is not None:
                 return _q(it.dlq_mark)
-            return "dlq_mark" if ex.state.range == it.rng else "''"
+            return None if ex.state.range == it.rng else "''"
 
         sets = {
             "min_offset": per_key(lambda it, ex: f"toInt64({it.rng.min})", "min_offset"),
@@ -428,13 +432,12 @@ class StateStore:
             "dlq": per_key(dlq, "dlq"),
             "dlq_mark": per_key(mark, "dlq_mark"),
         }
-        was = " OR ".join(
-            f"(key = {_q(it.pk.key)} AND epoch = {ex.state.epoch} AND phase = '{ex.state.phase.value}' AND "
-            f"min_offset = {ex.state.range.min} AND max_offset = {ex.state.range.max} AND layout = {ex.state.layout})"
-            for it, ex in items)
+        was = ", ".join(f"({_q(it.pk.key)}, {ex.state.epoch}, '{ex.state.phase.value}', {ex.state.range.min}, "
+                        f"{ex.state.range.max}, {ex.state.layout})" for it, ex in items)
         self._update(f"phase = 'BEFORE', epoch = {epoch}, "
-                     + ", ".join(f"{c} = {v}" for c, v in sets.items()) + ", updated_at = now64(3)",
-                     f"key IN ({', '.join(_q(it.pk.key) for it, _ in items)}) AND epoch <= {epoch} AND ({was})")
+                     + ", ".join(f"{c} = {v}" for c, v in sets.items() if v != c) + ", updated_at = now64(3)",
+                     f"key IN ({', '.join(_q(it.pk.key) for it, _ in items)}) AND epoch <= {epoch} AND "
+                     f"(key, epoch, phase, min_offset, max_offset, layout) IN ({was})")
 
     def _read_back_many(self, items: Sequence[tuple[PartitionKey, OffsetRange, Phase, int]], epoch: int,
                         conflicts: dict[PartitionKey, StateConflict] | None) -> None:
