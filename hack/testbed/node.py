@@ -307,6 +307,24 @@ class Cluster:
     def kubectl(self, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
         return self.api.run_kubectl(*args, **kw)  # type: ignore[arg-type]
 
+    def run_pod(self, name: str, image: str, *command: str, timeout: float = 300) -> tuple[str, str]:
+        """Runs `command` in a pod of a local image to its end: (its phase, Succeeded or Failed; its output).
+        Not `kubectl run --rm -i`: that attaches after the start, and a container that is done by then leaves
+        it nothing to print but the pod's deletion."""
+        self.kubectl("run", name, "--restart=Never", f"--image={image}", "--image-pull-policy=Never", "--command",
+                     "--", *command)
+        try:
+            deadline = time.monotonic() + timeout
+            phase = ""
+            while phase not in ("Succeeded", "Failed"):
+                if time.monotonic() > deadline:
+                    raise TestbedError(f"pod {name} still {phase or 'pending'} after {timeout:.0f}s")
+                time.sleep(0.5)
+                phase = self.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}").stdout.strip()
+            return phase, self.kubectl("logs", name).stdout
+        finally:
+            self.kubectl("delete", "pod", name, "--wait=false", check=False)
+
     def helm(self, *args: str, timeout: float = 600) -> str:
         """helm (built by hack/provision.sh) against this cluster, its caches and config in the workdir."""
         exe = cached(f"helm-{versions()['HELM_VERSION']}") / "bin" / "helm"

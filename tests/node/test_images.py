@@ -9,10 +9,9 @@ from .conftest import project_images
 
 
 def _run(node: Cluster, name: str, image: str, *command: str) -> str:
-    res = node.kubectl("run", name, "--rm", "-i", "--restart=Never", f"--image={image}", "--image-pull-policy=Never",
-                       "--command", "--", *command, check=False)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return str(res.stdout)
+    phase, out = node.run_pod(name, image, *command)
+    assert phase == "Succeeded", out
+    return out
 
 
 def test_the_projects_images_build_from_its_dockerfile_and_run_on_the_node(node: Cluster) -> None:

@@ -23,8 +23,8 @@ print(json.dumps({"ip": ip, "version": v["gitVersion"]}))
 def test_a_pod_resolves_services_and_reaches_the_api_server_with_its_token(node: Cluster) -> None:
     image = base_image("python")
     node.load([image])
-    out = node.kubectl("run", "probe", "--rm", "-i", "--restart=Never", f"--image={image}",
-                       "--image-pull-policy=Never", "--command", "--", "python3", "-c", PROBE).stdout
+    phase, out = node.run_pod("probe", image, "python3", "-c", PROBE)
+    assert phase == "Succeeded", out
     assert '"ip": "10.96.0.1"' in out, out
     # the release stamped into the build: charts compare .Capabilities.KubeVersion (v0.0.0-master fails them)
     assert f'"version": "{versions()["K8S_VERSION"]}"' in out, out
