@@ -20,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .process import REPO, ManagedProcess, TestbedError, cache_dir, cached, free_port, k8s_part, versions
 from .servers import Etcd, KubeApiServer
@@ -307,12 +308,15 @@ class Cluster:
     def kubectl(self, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
         return self.api.run_kubectl(*args, **kw)  # type: ignore[arg-type]
 
-    def run_pod(self, name: str, image: str, *command: str, timeout: float = 300) -> tuple[str, str]:
-        """Runs `command` in a pod of a local image to its end: (its phase, Succeeded or Failed; its output).
-        Not `kubectl run --rm -i`: that attaches after the start, and a container that is done by then leaves
-        it nothing to print but the pod's deletion."""
-        self.kubectl("run", name, "--restart=Never", f"--image={image}", "--image-pull-policy=Never", "--command",
-                     "--", *command)
+    def run_pod(self, name: str, image: str, *command: str, namespace: str = "default",
+                overrides: dict[str, Any] | None = None, timeout: float = 300) -> tuple[str, str]:
+        """Runs `command` (or what `overrides` gives the pod) in a pod of a local image to its end: (its phase,
+        Succeeded or Failed; its output). Not `kubectl run --rm -i`: that attaches after the start, and a
+        container that is done by then leaves it nothing to print but the pod's deletion."""
+        ns = ("-n", namespace)
+        self.kubectl(*ns, "run", name, "--restart=Never", f"--image={image}", "--image-pull-policy=Never",
+                     *([f"--overrides={json.dumps(overrides)}"] if overrides else []),
+                     *(["--command", "--", *command] if command else []))
         try:
             deadline = time.monotonic() + timeout
             phase = ""
@@ -320,10 +324,10 @@ class Cluster:
                 if time.monotonic() > deadline:
                     raise TestbedError(f"pod {name} still {phase or 'pending'} after {timeout:.0f}s")
                 time.sleep(0.5)
-                phase = self.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}").stdout.strip()
-            return phase, self.kubectl("logs", name).stdout
+                phase = self.kubectl(*ns, "get", "pod", name, "-o", "jsonpath={.status.phase}").stdout.strip()
+            return phase, self.kubectl(*ns, "logs", name).stdout
         finally:
-            self.kubectl("delete", "pod", name, "--wait=false", check=False)
+            self.kubectl(*ns, "delete", "pod", name, "--wait=false", check=False)
 
     def helm(self, *args: str, timeout: float = 600) -> str:
         """helm (built by hack/provision.sh) against this cluster, its caches and config in the workdir."""

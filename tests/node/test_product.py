@@ -126,13 +126,12 @@ class Product:
                                               "command": ["python3", "/opt/chsink/main.py", "verify", "--config",
                                                           "/etc/chsink/sink.yaml", "--json"],
                                               "volumeMounts": [{"name": "c", "mountPath": "/etc/chsink"}]}]}}
-        res = self.kubectl("run", "verify", "--rm", "-i", "--restart=Never", "--quiet", f"--image={self.spark_image}",
-                           "--image-pull-policy=Never", f"--overrides={json.dumps(overrides)}", check=False)
-        text = res.stdout
+        phase, text = self.node.run_pod("verify", self.spark_image, namespace=NS, overrides=overrides)
+        report_line = [line for line in text.splitlines() if line.startswith("{")]
         try:
-            report: dict[str, Any] = json.loads(text[text.index("{"):text.rindex("}") + 1])
-        except ValueError:
-            raise AssertionError(f"verifier failed ({res.returncode}):\n{text[-3000:]}\n{res.stderr[-3000:]}") from None
+            report: dict[str, Any] = json.loads(report_line[-1])
+        except (IndexError, ValueError):
+            raise AssertionError(f"verifier failed ({phase}):\n{text[-3000:]}") from None
         totals = report["totals"]
         with self.log.open("a") as f:
             f.write(f"verifier: {json.dumps(totals)}\n")
