@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,32 @@ def run_peers(work: Path, kafka: Kafka, topic: str, n: int, server: ClickHouseSe
     return out
 
 
+def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Namespace, sweep: list[int],
+              profile: Path | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """One round of the measurements, in a fixed order: (a), (c), (d), both on dirty data, (k), (e) and (f) on a
+    ClickHouse server of the round's own, then the sweep; each as (key, result) when done."""
+    yield "a", measure("source", kafka.bootstrap, topic, ",".join(connector_jars()))
+    yield "c", run_job(work / "c", kafka, topic, a.events, a.batch, True, a.block, profile)
+    yield "d", run_job(work / "d", kafka, topic, a.events, a.batch, False, a.block)
+    for key, eo in (("c", True), ("d", False)):
+        yield f"{key}_dirty", run_job(work / f"{key}_dirty", kafka, "bench-dirty", a.events, a.batch, eo, a.block,
+                                      dlq="bench-dlq")
+    yield "k", run_job(work / "k", kafka, topic, a.events, a.batch, True, a.block, key_shards=2)
+    if not a.no_http:
+        with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
+            assert isinstance(server, ClickHouseServer)
+            for key, eo in (("e", True), ("f", False)):
+                yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, server=server)
+    for m in sweep:
+        for key, eo in (("c", True), ("d", False)):
+            yield f"{key}@{m}", run_job(work / f"s{key}{m}", kafka, small, a.sweep_events, m, eo, min(a.block, m))
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median rate (the lower middle one of an even number): a real run, CPU figures and all."""
+    return sorted(runs, key=lambda r: float(r["rows_per_s"]))[(len(runs) - 1) // 2]
+
+
 def measure(kind: str, *args: str) -> dict[str, Any]:
     res = subprocess.run([sys.executable, "-m", "bench.measure", kind, *args], cwd=REPO, capture_output=True,
                          text=True, timeout=3600)
@@ -259,12 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dirty", type=float, default=0.005, help="bad records' share in the dirty-data runs")
     ap.add_argument("--no-peers", action="store_true", help="leave the peers out")
     ap.add_argument("--no-http", action="store_true", help="leave out (e), (f) and the peers (the embedded path only)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of every measurement but the raw insert and the peers, interleaved; each figure is "
+                         "its median round's, so the ratios compare runs made minutes apart, not a run's luck")
     ap.add_argument("--quick", action="store_true", help="a small smoke run (tests use it)")
     ap.add_argument("--profile", action="store_true", help="also record (c) under py-spy (a speedscope file)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
     if a.quick:
-        a.events, a.batch, a.block, a.sweep = 20_000, 5_000, 2_500, ""  # no sweep: the main runs cover it
+        a.events, a.batch, a.block, a.sweep, a.rounds = 20_000, 5_000, 2_500, "", 1  # no sweep: the main runs cover it
     sweep = [int(x) for x in a.sweep.split(",") if x.strip()]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -283,40 +313,26 @@ def main(argv: list[str] | None = None) -> int:
             produce(kafka.bootstrap, "bench-dirty", a.events, a.partitions, dirty=a.dirty)
             if sweep:
                 produce(kafka.bootstrap, small, a.sweep_events, a.partitions)
-            say("(a) Spark's Kafka source alone")
-            res_a = measure("source", kafka.bootstrap, topic, ",".join(connector_jars()))
-            say(f"    {res_a['rows_per_s']:,.0f} rows/s; (b) raw insert into chdb")
+            say("(b) raw insert into chdb")
             res_b = measure("raw", str(work / "raw"), str(min(a.events, 1_000_000)), str(a.block))
-            say(f"    {res_b['rows_per_s']:,.0f} rows/s; (c) the job, exactly-once")
-            res_c = run_job(work / "c", kafka, topic, a.events, a.batch, True, a.block,
-                            out / "profile-c.speedscope.json" if a.profile else None)
-            say(f"    {res_c['rows_per_s']:,.0f} rows/s; (d) the job, at-least-once")
-            res_d = run_job(work / "d", kafka, topic, a.events, a.batch, False, a.block)
-            say(f"    {res_d['rows_per_s']:,.0f} rows/s; (c) and (d) on dirty data")
-            dirty = {key: run_job(work / f"{key}_dirty", kafka, "bench-dirty", a.events, a.batch, eo, a.block,
-                                  dlq="bench-dlq") for key, eo in (("c", True), ("d", False))}
-            say(f"    dirty: (c) {dirty['c']['rows_per_s']:,.0f}, (d) {dirty['d']['rows_per_s']:,.0f} rows/s; "
-                "(k) exactly-once, rows routed by key over 2 shards")
-            res_k = run_job(work / "k", kafka, topic, a.events, a.batch, True, a.block, key_shards=2)
-            say(f"    {res_k['rows_per_s']:,.0f} rows/s")
-            res_e: dict[str, Any] = {}
-            res_f: dict[str, Any] = {}
+            say(f"    {res_b['rows_per_s']:,.0f} rows/s")
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for r in range(1, a.rounds + 1):
+                say(f"round {r} of {a.rounds}")
+                for key, res in one_round(work / f"r{r}", kafka, topic, small, a, sweep,
+                                          out / "profile-c.speedscope.json" if a.profile and r == 1 else None):
+                    runs.setdefault(key, []).append(res)
+                    say(f"    ({key}) {res['rows_per_s']:,.0f} rows/s")
             res_peers: dict[str, Any] = {}
-            if not a.no_http:
+            if not a.no_http and not a.no_peers:
                 with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
                     assert isinstance(server, ClickHouseServer)
-                    say("(e) exactly-once over HTTP, executors writing")
-                    res_e = run_job(work / "e", kafka, topic, a.events, a.batch, True, a.block, server=server)
-                    say(f"    {res_e['rows_per_s']:,.0f} rows/s; (f) at-least-once over HTTP")
-                    res_f = run_job(work / "f", kafka, topic, a.events, a.batch, False, a.block, server=server)
-                    say(f"    {res_f['rows_per_s']:,.0f} rows/s; peers on the same topic, table and server")
-                    res_peers = {} if a.no_peers else run_peers(work, kafka, topic, a.events, server)
-            say(f"sweep over maxOffsetsPerTrigger {sweep}")
-            swept: dict[str, list[dict[str, Any]]] = {"c": [], "d": []}
-            for m in sweep:
-                for key, eo in (("c", True), ("d", False)):
-                    swept[key].append(run_job(work / f"s{key}{m}", kafka, small, a.sweep_events, m, eo,
-                                              min(a.block, m)))
+                    res_peers = run_peers(work, kafka, topic, a.events, server)
+    med = {key: _median_run(rs) for key, rs in runs.items()}
+    res_a, res_c, res_d, res_k = med["a"], med["c"], med["d"], med["k"]
+    res_e, res_f = med.get("e", {}), med.get("f", {})
+    dirty = {"c": med["c_dirty"], "d": med["d_dirty"]}
+    swept = {key: [med[f"{key}@{m}"] for m in sweep] for key in ("c", "d")}
     c = res_c["rows_per_s"]
     results = {
         "date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions, "cores": cores,
@@ -340,7 +356,12 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio_c_dirty_clean>=0.9": dirty["c"]["rows_per_s"] / c >= 0.9,
                     "ratio_c_min_ab>=0.5": c / min(res_a["rows_per_s"], res_b["rows_per_s"]) >= 0.5,
                     "rows_per_s_per_core>=100000": c / cores >= 100_000},
-        "quick": a.quick,
+        "quick": a.quick, "rounds": a.rounds,
+        "per_round_rows_per_s": {key: [round(r["rows_per_s"]) for r in rs] for key, rs in runs.items()},
+        "per_round_ratios": {f"{x}/{y}": [round(p["rows_per_s"] / q["rows_per_s"], 3)
+                                          for p, q in zip(runs[x], runs[y], strict=True)]
+                             for x, y in (("c", "a"), ("c", "d"), ("c_dirty", "c"), ("e", "a"), ("k", "c"),
+                                          *((f"c@{m}", f"d@{m}") for m in sweep)) if x in runs and y in runs},
     }
     stem = f"{results['date']}{'-quick' if a.quick else ''}"
     (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
