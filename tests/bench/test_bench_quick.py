@@ -1,4 +1,5 @@
-"""`python -m bench --quick`: only that the harness works end to end (no timing assertions)."""
+"""`python -m bench --quick` and `python -m bench.formats`: only that the harnesses work end to end (no timing
+assertions)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,18 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert data["c"]["peak_rss"]["driver_jvm_mb"] > 0 and data["c"]["peak_rss"]["driver_python_mb"] > 0
     assert data["c"]["batch_p99_s"] >= data["c"]["batch_p50_s"] > 0
     assert out.with_suffix(".png").stat().st_size > 10_000
+    assert data["rounds"] == 1 and data["per_round_rows_per_s"]["c"] == [round(data["c"]["rows_per_s"])]
+    assert data["per_round_ratios"]["c/d"] == [round(data["ratio_c_d"], 3)]
+
+
+def test_formats_quick_writes_json(tmp_path):
+    """`python -m bench.formats`: every candidate format stores the whole batch (the module asserts the count)."""
+    res = subprocess.run([sys.executable, "-m", "bench.formats", "--rows", "20000", "--runs", "1", "--out",
+                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-formats.json"))
+    data = json.loads(out.read_text())
+    for name in ("jsoneachrow", "native", "arrow"):
+        # the server's CPU is read in clock ticks (10 ms): a small batch may show none
+        assert data[name]["server_us_per_row"] >= 0 and data[name]["wall_us_per_row"] > 0
+    assert data["cpu_ratio_native_jsoneachrow"] > 0 and data["cpu_ratio_arrow_jsoneachrow"] > 0
