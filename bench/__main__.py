@@ -218,23 +218,28 @@ def run_peers(work: Path, kafka: Kafka, topic: str, n: int, server: ClickHouseSe
 
 
 def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Namespace, sweep: list[int],
-              profile: Path | None) -> Iterator[tuple[str, dict[str, Any]]]:
-    """One round of the measurements, in a fixed order: (a), (c), (d), both on dirty data, (k), (e) and (f) on a
-    ClickHouse server of the round's own, then the sweep; each as (key, result) when done."""
+              profile: Path | None, flip: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+    """One round of the measurements: (a), (c) and (d), both on dirty data, (k), (e) and (f) on a ClickHouse
+    server of the round's own, then the sweep; each as (key, result) when done. `flip` runs the at-least-once
+    run of each pair first, so that no side of a ratio always follows the same run."""
+    def pair(exactly_once: str, at_least_once: str) -> list[tuple[str, bool]]:
+        both = [(exactly_once, True), (at_least_once, False)]
+        return both[::-1] if flip else both
+
     yield "a", measure("source", kafka.bootstrap, topic, ",".join(connector_jars()))
-    yield "c", run_job(work / "c", kafka, topic, a.events, a.batch, True, a.block, profile)
-    yield "d", run_job(work / "d", kafka, topic, a.events, a.batch, False, a.block)
-    for key, eo in (("c", True), ("d", False)):
+    for key, eo in pair("c", "d"):
+        yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, profile if eo else None)
+    for key, eo in pair("c", "d"):
         yield f"{key}_dirty", run_job(work / f"{key}_dirty", kafka, "bench-dirty", a.events, a.batch, eo, a.block,
                                       dlq="bench-dlq")
     yield "k", run_job(work / "k", kafka, topic, a.events, a.batch, True, a.block, key_shards=2)
     if not a.no_http:
         with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
             assert isinstance(server, ClickHouseServer)
-            for key, eo in (("e", True), ("f", False)):
+            for key, eo in pair("e", "f"):
                 yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, server=server)
     for m in sweep:
-        for key, eo in (("c", True), ("d", False)):
+        for key, eo in pair("c", "d"):
             yield f"{key}@{m}", run_job(work / f"s{key}{m}", kafka, small, a.sweep_events, m, eo, min(a.block, m))
 
 
@@ -320,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(1, a.rounds + 1):
                 say(f"round {r} of {a.rounds}")
                 for key, res in one_round(work / f"r{r}", kafka, topic, small, a, sweep,
-                                          out / "profile-c.speedscope.json" if a.profile and r == 1 else None):
+                                          out / "profile-c.speedscope.json" if a.profile and r == 1 else None,
+                                          flip=r % 2 == 0):
                     runs.setdefault(key, []).append(res)
                     say(f"    ({key}) {res['rows_per_s']:,.0f} rows/s")
             res_peers: dict[str, Any] = {}

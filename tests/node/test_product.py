@@ -127,10 +127,12 @@ class Product:
                                                           "/etc/chsink/sink.yaml", "--json"],
                                               "volumeMounts": [{"name": "c", "mountPath": "/etc/chsink"}]}]}}
         phase, text = self.node.run_pod("verify", self.spark_image, namespace=NS, overrides=overrides)
-        report_line = [line for line in text.splitlines() if line.startswith("{")]
+        at = 0 if text.startswith("{") else text.find("\n{")  # the report (indented JSON), after any log lines
         try:
-            report: dict[str, Any] = json.loads(report_line[-1])
-        except (IndexError, ValueError):
+            if at < 0:
+                raise ValueError("no report")
+            report: dict[str, Any] = json.loads(text[at:text.rindex("}") + 1])
+        except ValueError:
             raise AssertionError(f"verifier failed ({phase}):\n{text[-3000:]}") from None
         totals = report["totals"]
         with self.log.open("a") as f:
