@@ -27,12 +27,7 @@ from hack.testbed.process import REPO
 from hack.testbed.servers import ClickHouseServer
 
 from .__main__ import _cpu_seconds
-from .data import TABLE, event
-
-
-def _events(n: int) -> list[bytes]:
-    rnd = random.Random(7)
-    return [json.dumps(event(rnd, i), separators=(",", ":")).encode() for i in range(n)]
+from .data import TABLE, encoded
 
 
 def candidates(client: Any, database: str, values: list[bytes]) -> dict[str, tuple[Callable[[int], Any],
@@ -110,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import clickhouse_connect
 
-    values = _events(a.rows)
+    rnd = random.Random(7)  # the events `produce` sends
+    values = [encoded(rnd, i) for i in range(a.rows)]
     results: dict[str, Any] = {"date": dt.date.today().isoformat(), "rows": a.rows,
                                "mean_value_bytes": sum(map(len, values)) / len(values)}
     with tempfile.TemporaryDirectory(prefix="chsink-formats-") as tmp, ClickHouseServer(Path(tmp)) as server:
