@@ -1,7 +1,8 @@
-"""`make bench`: (a) Spark's Kafka source, (b) raw insert, (c) the exactly-once job, (d) the same job at
-least once, both on the embedded chdb (the driver writes), (e)/(f) the same two over HTTP to a real
-ClickHouse server process (executors write: production's path), and the peers (g)/(h)/(i) on that server,
-on the same data in the same run; JSON + PNG in bench/results/. See bench/README.md."""
+"""`make bench`: (a) Spark's Kafka source (a batch read, and as the job runs it: streaming), (b) raw insert,
+(c) the exactly-once job, (d) the same job at least once, both on the embedded chdb (the driver writes),
+(e)/(f) the same two over HTTP to a real ClickHouse server process (executors write: production's path), and
+the peers (g)/(h)/(i) on that server, on the same data in the same run; JSON + PNG in bench/results/. See
+bench/README.md."""
 
 from __future__ import annotations
 
@@ -226,7 +227,9 @@ def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Name
         both = [(exactly_once, True), (at_least_once, False)]
         return both[::-1] if flip else both
 
-    yield "a", measure("source", kafka.bootstrap, topic, ",".join(connector_jars()))
+    jars = ",".join(connector_jars())
+    yield "a", measure("source", kafka.bootstrap, topic, jars)
+    yield "a_stream", measure("stream-source", kafka.bootstrap, topic, jars, str(a.events), str(a.batch))
     for key, eo in pair("c", "d"):
         yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, profile if eo else None)
     for key, eo in pair("c", "d"):
@@ -343,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions, "cores": cores,
         "mean_value_bytes": round(size, 1), "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
-        "a": res_a, "b": res_b, "c": res_c, "d": res_d, "e": res_e, "f": res_f, **res_peers, "sweep": swept,
+        "a": res_a, "a_stream": med["a_stream"], "b": res_b, "c": res_c, "d": res_d, "e": res_e, "f": res_f,
+        **res_peers, "sweep": swept,
         "dirty_share": a.dirty, "c_dirty": dirty["c"], "d_dirty": dirty["d"], "k": res_k,
         "ratio_k_c": res_k["rows_per_s"] / c,
         "ratio_c_dirty_clean": dirty["c"]["rows_per_s"] / c,
@@ -351,9 +355,11 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_c_d_dirty": dirty["c"]["rows_per_s"] / dirty["d"]["rows_per_s"],
         "rows_per_s": c, "rows_per_s_per_core": c / cores,
         "ratio_c_a": c / res_a["rows_per_s"], "ratio_c_b": c / res_b["rows_per_s"],
+        "ratio_c_a_stream": c / med["a_stream"]["rows_per_s"],
         "ratio_c_d": c / res_d["rows_per_s"],
         "ratio_c_min_ab": c / min(res_a["rows_per_s"], res_b["rows_per_s"]),
         **({"ratio_e_a": res_e["rows_per_s"] / res_a["rows_per_s"],
+            "ratio_e_a_stream": res_e["rows_per_s"] / med["a_stream"]["rows_per_s"],
             "ratio_e_f": res_e["rows_per_s"] / res_f["rows_per_s"], "ratio_e_c": res_e["rows_per_s"] / c}
            if res_e else {}),
         **{f"ratio_{mine}_{k}": r["rows_per_s"] / p["rows_per_s"]  # chsink over HTTP against each peer
@@ -366,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         "per_round_rows_per_s": {key: [round(r["rows_per_s"]) for r in rs] for key, rs in runs.items()},
         "per_round_ratios": {f"{x}/{y}": [round(p["rows_per_s"] / q["rows_per_s"], 3)
                                           for p, q in zip(runs[x], runs[y], strict=True)]
-                             for x, y in (("c", "a"), ("c", "d"), ("c_dirty", "c"), ("e", "a"), ("k", "c"),
+                             for x, y in (("c", "a"), ("c", "a_stream"), ("c", "d"), ("c_dirty", "c"), ("e", "a"),
+                                          ("e", "a_stream"), ("k", "c"),
                                           *((f"c@{m}", f"d@{m}") for m in sweep)) if x in runs and y in runs},
     }
     stem = f"{results['date']}{'-quick' if a.quick else ''}"

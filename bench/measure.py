@@ -28,6 +28,45 @@ def spark_source(bootstrap: str, topic: str, jars: str) -> dict[str, float]:
     return {"rows": rows, "seconds": secs, "rows_per_s": rows / secs, "bytes": size}
 
 
+def stream_source(bootstrap: str, topic: str, jars: str, events: int, max_offsets: int,
+                  master: str = "local[2]") -> dict[str, float]:
+    """(a_stream) Spark's Kafka source as the job runs it: a streaming query with the job's source options and
+    `maxOffsetsPerTrigger`, each record's value touched (its length) and nothing written (Spark's `noop` sink).
+    Rows/s over the steady batches, the first left out, as the job's runs are measured."""
+    import datetime as dt
+    import tempfile
+
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(master).config("spark.jars", jars)
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    from sparkapp.config import READ_COMMITTED, SOURCE_FETCH_DEFAULTS
+
+    reader = (spark.readStream.format("kafka").options(**SOURCE_FETCH_DEFAULTS)
+              .options(**{f"kafka.{k}": v for k, v in READ_COMMITTED.items()})
+              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(max_offsets)))
+    with tempfile.TemporaryDirectory(prefix="chsink-bench-source-") as ckpt:
+        query = (reader.load().selectExpr("partition", "offset", "length(value) AS n").writeStream.format("noop")
+                 .option("checkpointLocation", ckpt).trigger(processingTime="0 seconds").start())
+        query.processAllAvailable()  # no polling meanwhile: each py4j call costs the JVM a class look-up
+        progress = [p for p in query.recentProgress if p["numInputRows"]]
+        query.stop()
+    spark.stop()
+    batches = []
+    for p in progress:
+        start = dt.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+        batches.append((start, start + p["durationMs"]["triggerExecution"] / 1000, int(p["numInputRows"])))
+    rows = sum(b[2] for b in batches)
+    if rows != events:
+        raise RuntimeError(f"the streaming source read {rows} records, expected {events}")
+    steady = batches[1:] or batches  # the first batch also pays one-off costs, as in the job's runs
+    wall = steady[-1][1] - steady[0][0]
+    return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in steady) / wall, "batches": len(batches),
+            "max_offsets_per_trigger": max_offsets}
+
+
 def raw_insert(path: str, n: int, block: int) -> dict[str, float]:
     """(b) The same rows, already decoded (Arrow), inserted straight into chdb with clickhouse-connect."""
     import datetime as dt
@@ -69,6 +108,8 @@ if __name__ == "__main__":
     what = sys.argv[1]
     if what == "source":
         out = spark_source(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif what == "stream-source":
+        out = stream_source(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
     else:
         out = raw_insert(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     print("RESULT " + json.dumps(out), flush=True)

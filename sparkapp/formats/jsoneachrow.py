@@ -39,25 +39,28 @@ def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    value = tbl.column("value").combine_chunks()
+    # every input as one contiguous array, so that each result is one too and the lines need no copy at the end
+    value = _array(tbl.column("value"))
     text = value.view(pa.string()) if pa.types.is_binary(value.type) else value
     framed = pc.fill_null(pc.and_(pc.starts_with(text, "{"), pc.ends_with(text, "}")), False)
-    body = text if pc.all(framed).as_py() else pc.ascii_trim(text, " \t\r\n")  # trimming copies: rarely
-    ok = pc.fill_null(pc.and_(pc.and_(pc.starts_with(body, "{"), pc.ends_with(body, "}")),
-                              pc.less_equal(pc.binary_length(value), max_bytes)), False)
+    body = text
+    if not pc.all(framed).as_py():  # trimming copies: rarely
+        body = pc.ascii_trim(text, " \t\r\n")
+        framed = pc.fill_null(pc.and_(pc.starts_with(body, "{"), pc.ends_with(body, "}")), False)
+    ok = pc.fill_null(pc.and_(framed, pc.less_equal(pc.binary_length(value), max_bytes)), False)
     parts: list[Any] = []
     if "_topic" in schema_columns and tbl.num_rows:
         parts.append(',"_topic":' + json.dumps(str(tbl.column("topic")[0])))
     for c in ("_partition", "_offset"):
         if c in schema_columns:
-            parts += [f',"{c}":', pc.cast(tbl.column(c[1:]), pa.string())]
+            parts += [f',"{c}":', pc.cast(_array(tbl.column(c[1:])), pa.string())]
     if "_timestamp" in schema_columns:
-        ms = pc.cast(pc.cast(tbl.column("timestamp"), pa.timestamp("ms", "UTC")), pa.int64())
+        ms = pc.cast(pc.cast(_array(tbl.column("timestamp")), pa.timestamp("ms", "UTC")), pa.int64())
         secs = pc.divide(ms, 1000)
         frac = pc.utf8_lpad(pc.cast(pc.subtract(ms, pc.multiply(secs, 1000)), pa.string()), 3, "0")
         parts += [',"_timestamp":', pc.cast(secs, pa.string()), ".", frac]
     if "_key" in schema_columns:
-        key = tbl.column("key").combine_chunks()
+        key = _array(tbl.column("key"))
         ktext = key.view(pa.string()) if pa.types.is_binary(key.type) else key
         plain = pc.fill_null(pc.match_substring_regex(ktext, _PLAIN_KEY), True)
         quoted = pc.binary_join_element_wise(',"_key":"', ktext, '"', "")
@@ -68,14 +71,14 @@ def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
             quoted = pc.if_else(plain, quoted, escaped)
         parts.append(pc.fill_null(quoted, ""))  # a null key: no field at all
     if "_timestamp_type" in schema_columns:
-        log_append = pc.equal(tbl.column("timestampType"), 1) if "timestampType" in tbl.column_names else None
+        log_append = pc.equal(_array(tbl.column("timestampType")), 1) if "timestampType" in tbl.column_names else None
         kinds = [f',"_timestamp_type":"{t}"' for t in TIMESTAMP_TYPES]
         parts.append(kinds[0] if log_append is None else
                      pc.if_else(pc.fill_null(log_append, False), kinds[1], kinds[0]))
     if "_headers" in schema_columns:
         parts.append(_header_parts(tbl))
     if not parts:
-        return _array(pc.if_else(ok, pc.binary_join_element_wise(body, "\n", ""), pa.scalar(None, pa.string())))
+        return _unless(ok, pc.binary_join_element_wise(body, "\n", ""))
     if isinstance(parts[0], str):  # each part carries its leading comma; the first opens the object
         parts[0] = "{" + parts[0][1:]
     else:
@@ -85,7 +88,7 @@ def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
         empty = pc.fill_null(pc.match_substring_regex(body, r"^\{[ \t\r\n]*\}$"), False)
         rest = pc.if_else(empty, "}", rest)
     line = pc.binary_join_element_wise(*parts, rest, "\n", "")  # one pass, one allocation
-    return _array(pc.if_else(ok, line, pa.scalar(None, pa.string())))
+    return _unless(ok, line)
 
 
 def _header_parts(tbl: Any) -> Any:
@@ -99,7 +102,7 @@ def _header_parts(tbl: Any) -> Any:
     empty = ',"_headers":{}'
     if "headers" not in tbl.column_names:
         return empty
-    col = tbl.column("headers").combine_chunks()
+    col = _array(tbl.column("headers"))
     if not pc.any(pc.fill_null(pc.greater(pc.list_value_length(col), 0), False)).as_py():
         return empty
     return pa.array([',"_headers":' + json.dumps(header_map((h["key"], h["value"]) for h in hs or ()),
@@ -107,7 +110,20 @@ def _header_parts(tbl: Any) -> Any:
 
 
 def _array(a: Any) -> Any:
-    return a.combine_chunks() if hasattr(a, "combine_chunks") else a
+    """One Arrow array: a chunked array's only chunk as it is (combine_chunks would copy even that)."""
+    if not hasattr(a, "combine_chunks"):
+        return a
+    return a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
+
+
+def _unless(ok: Any, lines: Any) -> Any:
+    """The lines, NULL where not `ok`; no copy when every record is."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pc.all(ok).as_py():
+        return _array(lines)
+    return _array(pc.if_else(ok, lines, pa.scalar(None, pa.string())))
 
 
 # Types whose JSON parsing in ClickHouse is at least as strict as the decoder's: a value that does not

@@ -327,7 +327,7 @@ class SinkJob:
             while query.isActive:
                 query.awaitTermination(1)
                 now = time.monotonic()
-                if self.progress.batches != lag_seen:  # lastProgress is costly (py4j): once per batch
+                if self.progress.batches != lag_seen:  # a py4j round trip: once per batch
                     lag_seen = self.progress.batches
                     self._update_lag(query)
                 if not self.quiet and now - last_print >= self.progress_every:
@@ -360,14 +360,15 @@ class SinkJob:
         return 0
 
     def _update_lag(self, query: Any) -> None:
-        prog = query.lastProgress
+        # the progress as JSON text, one py4j call: PySpark's `lastProgress` walks its Java maps, and each walk
+        # ends in an exception that PySpark classifies with a dozen class look-ups the JVM makes by scanning every
+        # jar (measured: 8% of the driver JVM's CPU at 200,000 offsets per batch)
+        jprog = query._jsq.lastProgress()
+        prog = json.loads(jprog.json()) if jprog is not None else None
         if not prog or not prog.get("sources"):
             return
         src = prog["sources"][0]
-        try:
-            latest, end = json.loads(src.get("latestOffset") or "null"), json.loads(src.get("endOffset") or "null")
-        except (TypeError, ValueError):
-            return
+        latest, end = src.get("latestOffset"), src.get("endOffset")  # objects in the progress's JSON text
         if isinstance(latest, dict) and isinstance(end, dict):
             per = {(t, int(p)): max(0, int(off) - int(end.get(t, {}).get(p, off)))
                    for t, ps in latest.items() for p, off in ps.items()}

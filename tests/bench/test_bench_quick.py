@@ -16,9 +16,10 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     [out] = list(tmp_path.glob("*-quick.json"))
     data = json.loads(out.read_text())
-    for key in ("rows_per_s_per_core", "ratio_c_d", "ratio_c_min_ab", "ratio_c_a", "ratio_c_b"):
+    for key in ("rows_per_s_per_core", "ratio_c_d", "ratio_c_min_ab", "ratio_c_a", "ratio_c_b", "ratio_c_a_stream",
+                "ratio_e_a_stream"):
         assert data[key] > 0
-    for k in ("a", "b", "c", "d", "e", "f"):
+    for k in ("a", "a_stream", "b", "c", "d", "e", "f"):
         assert data[k]["rows_per_s"] > 0
     assert data["c"]["rows"] == data["d"]["rows"] == data["e"]["rows"] == data["f"]["rows"] == data["events"]
     assert data["e"]["path"] == "http, executors"
@@ -38,6 +39,8 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert data["rounds"] == 1 and data["per_round_rows_per_s"]["c"] == [round(data["c"]["rows_per_s"])]
     assert data["per_round_ratios"]["c/d"] == [round(data["ratio_c_d"], 3)]
+    # Spark's source as the job runs it: every record read, in batches of the job's size
+    assert data["a_stream"]["rows"] == data["events"] and data["a_stream"]["batches"] > 1
 
 
 def test_formats_quick_writes_json(tmp_path):
