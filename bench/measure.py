@@ -6,20 +6,31 @@ import json
 import random
 import sys
 import time
+from typing import Any
+
+
+def _session(jars: str, master: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(master).config("spark.jars", jars)
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _kafka(read: Any, bootstrap: str, topic: str) -> Any:
+    """Spark's Kafka source (batch or streaming `read`) with the job's own source settings: a fair baseline."""
+    from sparkapp.config import READ_COMMITTED, SOURCE_FETCH_DEFAULTS
+
+    return (read.format("kafka").options(**SOURCE_FETCH_DEFAULTS)
+            .options(**{f"kafka.{k}": v for k, v in READ_COMMITTED.items()})
+            .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic))
 
 
 def spark_source(bootstrap: str, topic: str, jars: str) -> dict[str, float]:
     """(a) Spark's Kafka source alone: read every record and touch its value (sum of lengths)."""
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").config("spark.jars", jars)
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    from sparkapp.config import READ_COMMITTED, SOURCE_FETCH_DEFAULTS  # the job's own source settings: fair
-
-    reader = (spark.read.format("kafka").options(**SOURCE_FETCH_DEFAULTS)
-              .options(**{f"kafka.{k}": v for k, v in READ_COMMITTED.items()})
-              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic))
+    spark = _session(jars, "local[2]")
+    reader = _kafka(spark.read, bootstrap, topic)
     reader.load().limit(1000).selectExpr("sum(length(value))").collect()  # warm-up: JIT, metadata
     t0 = time.monotonic()
     [[rows, size]] = reader.load().selectExpr("count(*)", "sum(length(value))").collect()
@@ -36,16 +47,8 @@ def stream_source(bootstrap: str, topic: str, jars: str, events: int, max_offset
     import datetime as dt
     import tempfile
 
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(master).config("spark.jars", jars)
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    from sparkapp.config import READ_COMMITTED, SOURCE_FETCH_DEFAULTS
-
-    reader = (spark.readStream.format("kafka").options(**SOURCE_FETCH_DEFAULTS)
-              .options(**{f"kafka.{k}": v for k, v in READ_COMMITTED.items()})
-              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+    spark = _session(jars, master)
+    reader = (_kafka(spark.readStream, bootstrap, topic)
               .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(max_offsets)))
     with tempfile.TemporaryDirectory(prefix="chsink-bench-source-") as ckpt:
         query = (reader.load().selectExpr("partition", "offset", "length(value) AS n").writeStream.format("noop")
