@@ -112,7 +112,7 @@ def _tree(root: int) -> list[tuple[int, str, float]]:
     return out
 
 
-def _sample(proc: subprocess.Popen[bytes] | None) -> RssSampler | None:
+def _sample(proc: subprocess.Popen[Any] | None) -> RssSampler | None:
     if proc is None:
         return None
     sampler = RssSampler(proc.pid)
@@ -229,7 +229,7 @@ def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Name
 
     jars = ",".join(connector_jars())
     yield "a", measure("source", kafka.bootstrap, topic, jars)
-    yield "a_stream", measure("stream-source", kafka.bootstrap, topic, jars, str(a.events), str(a.batch))
+    yield "a_stream", measure("stream-source", kafka.bootstrap, topic, jars, str(a.events), str(a.batch), kafka=kafka)
     for key, eo in pair("c", "d"):
         yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, profile if eo else None)
     for key, eo in pair("c", "d"):
@@ -251,13 +251,23 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda r: float(r["rows_per_s"]))[(len(runs) - 1) // 2]
 
 
-def measure(kind: str, *args: str) -> dict[str, Any]:
-    res = subprocess.run([sys.executable, "-m", "bench.measure", kind, *args], cwd=REPO, capture_output=True,
-                         text=True, timeout=3600)
-    line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if res.returncode != 0 or line is None:
-        raise RuntimeError(f"bench.measure {kind} failed:\n{res.stderr[-3000:]}")
+def measure(kind: str, *args: str, kafka: Kafka | None = None) -> dict[str, Any]:
+    """One bench.measure run. With `kafka`, a measurement that reports its steady window (`steady_from`,
+    `steady_to`) also gets the CPU cores its process tree (Spark) and the broker used meanwhile."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.measure", kind, *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    samplers = {"spark": _sample(proc), "kafka": _sample(kafka.proc)} if kafka is not None else {}
+    stdout, stderr = proc.communicate(timeout=3600)
+    for s in samplers.values():
+        if s is not None:
+            s.done.set()
+    line = next((x for x in stdout.splitlines() if x.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"bench.measure {kind} failed:\n{stderr[-3000:]}")
     out: dict[str, Any] = json.loads(line[len("RESULT "):])
+    if samplers and "steady_from" in out:
+        out["cpu_cores_used"] = {k: s.cores_used(out["steady_from"], out["steady_to"])["total"]
+                                 for k, s in samplers.items() if s is not None}
     return out
 
 

@@ -67,7 +67,7 @@ def stream_source(bootstrap: str, topic: str, jars: str, events: int, max_offset
     steady = batches[1:] or batches  # the first batch also pays one-off costs, as in the job's runs
     wall = steady[-1][1] - steady[0][0]
     return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in steady) / wall, "batches": len(batches),
-            "max_offsets_per_trigger": max_offsets}
+            "max_offsets_per_trigger": max_offsets, "steady_from": steady[0][0], "steady_to": steady[-1][1]}
 
 
 def raw_insert(path: str, n: int, block: int) -> dict[str, float]:

@@ -41,6 +41,8 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert data["per_round_ratios"]["c/d"] == [round(data["ratio_c_d"], 3)]
     # Spark's source as the job runs it: every record read, in batches of the job's size
     assert data["a_stream"]["rows"] == data["events"] and data["a_stream"]["batches"] > 1
+    # with the CPU Spark and the broker used over its steady batches (a short window may show none)
+    assert set(data["a_stream"]["cpu_cores_used"]) == {"spark", "kafka"}
 
 
 def test_formats_quick_writes_json(tmp_path):
