@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import random
 import tempfile
 import time
@@ -26,6 +25,7 @@ from typing import Any
 from hack.testbed.process import REPO
 from hack.testbed.servers import ClickHouseServer
 
+from . import publish
 from .__main__ import _cpu_seconds
 from .data import TABLE, encoded
 
@@ -136,11 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("native", "arrow"):
         results[f"cpu_ratio_{name}_jsoneachrow"] = round(results[name]["cpu_us_per_row"]
                                                         / results["jsoneachrow"]["cpu_us_per_row"], 3)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{results['date']}-formats.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
-    return 0
+    return publish(results, a.out, "formats")
 
 
 if __name__ == "__main__":

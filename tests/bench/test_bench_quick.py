@@ -1,4 +1,4 @@
-"""`python -m bench --quick` and `python -m bench.formats`: only that the harnesses work end to end (no timing
+"""`python -m bench --quick`, `python -m bench.formats` and `python -m bench.writer`: only that the harnesses work end to end (no timing
 assertions)."""
 
 from __future__ import annotations
@@ -56,3 +56,18 @@ def test_formats_quick_writes_json(tmp_path):
         # the server's CPU is read in clock ticks (10 ms): a small batch may show none
         assert data[name]["server_us_per_row"] >= 0 and data[name]["wall_us_per_row"] > 0
     assert data["cpu_ratio_native_jsoneachrow"] > 0 and data["cpu_ratio_arrow_jsoneachrow"] > 0
+
+
+def test_writer_alone_writes_json(tmp_path):
+    """`python -m bench.writer`: the writer's delivery without Spark stores every row (the module asserts the
+    count), with its CPU split into stages and the GIL probe's rates."""
+    res = subprocess.run([sys.executable, "-m", "bench.writer", "--events", "16000", "--batches", "2", "--out",
+                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-writer.json"))
+    data = json.loads(out.read_text())
+    assert data["deliver_all"]["rows_per_s"] > 0 and data["deliver_all"]["cpu_us_per_row"] > 0
+    assert set(data["stages_cpu_us_per_row"]) == {"build_lines", "guard", "insert", "parse_null"}
+    # the CPU clock ticks in 10 ms: a small batch's stage may show none
+    assert all(v >= 0 for v in data["stages_cpu_us_per_row"].values())
+    assert data["gil"]["spin_alone_per_s"] > 0 and data["gil"]["ratio_during_alone"] >= 0

@@ -1,0 +1,184 @@
+"""The embedded writer alone: the job's delivery of Spark-shaped Arrow batches into chdb with no Spark in the
+process, its CPU per row, where that CPU goes, and whether chdb's insert holds Python's GIL.
+
+It answers what the writer costs apart from Spark's source and the Arrow hand-over (which `python -m bench`
+cannot separate, both running in one driver):
+- `deliver_all`: the whole delivery of each batch (state transitions, lines, the guard's pass, inserts with
+  tokens), exactly as the driver runs it, EmbeddedRocksDB state; the first batch warms up and is left out;
+- stages, each over the same batches' partition slices: `build_lines`, the guard's RE2 pass (`Guard.hits`),
+  ClickHouse parsing and storing the lines (an insert with the fast path's settings into a copy of the
+  table) and parsing them alone (the same insert into a `Null` copy);
+- `gil`: a Python thread's loop rate while the main thread inserts one batch's lines, against its rate
+  alone (near 1: the insert lets go of the GIL), and the batch's lines inserted in two halves on two threads
+  against one after the other: what overlapping partitions on threads could give.
+
+`python -m bench.writer` prints one JSON object and writes bench/results/<date>-writer.json."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import random
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hack.testbed.process import REPO
+
+from . import publish
+from .data import TABLE, encoded
+
+
+def spark_batch(values: list[bytes], partitions: int, first_offset: int) -> Any:
+    """A micro-batch as the job's `toArrow()` hands it over: the job's columns, each Kafka partition's rows
+    together and offset-ordered."""
+    import pyarrow as pa
+
+    per = len(values) // partitions
+    n = per * partitions
+    return pa.table({
+        "topic": pa.array(["bench"] * n), "partition": pa.array([p for p in range(partitions) for _ in range(per)],
+                                                                  pa.int32()),
+        "offset": pa.array([first_offset + j for _ in range(partitions) for j in range(per)], pa.int64()),
+        "key": pa.array([None] * n, pa.binary()), "value": pa.array(values[:n], pa.binary()),
+        "timestamp": pa.array([1_764_000_000_000_000] * n, pa.timestamp("us")),
+        "timestampType": pa.array([0] * n, pa.int32())})
+
+
+def _cpu(fn: Callable[[], Any]) -> float:
+    """The process's CPU seconds (every thread: chdb's too) spent in fn."""
+    c0 = time.process_time()
+    fn()
+    return time.process_time() - c0
+
+
+def _spin_rate(stop: threading.Event, out: list[float]) -> None:
+    n, t0 = 0, time.perf_counter()
+    while not stop.is_set():
+        n += 1
+    out.append(n / (time.perf_counter() - t0))
+
+
+def _beside(fn: Callable[[], Any]) -> tuple[float, float]:
+    """A spinning Python thread's loops per second while fn runs on this thread, and the cores the process
+    used meanwhile (below 2 with the spinner slowed: the GIL held it back, not a lack of CPU)."""
+    stop, out = threading.Event(), []  # type: ignore[var-annotated]
+    t = threading.Thread(target=_spin_rate, args=(stop, out))
+    t0, c0 = time.perf_counter(), time.process_time()
+    t.start()
+    try:
+        fn()
+    finally:
+        stop.set()
+        t.join()
+    return float(out[0]), (time.process_time() - c0) / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.writer")
+    ap.add_argument("--events", type=int, default=400_000, help="records per batch")
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--batches", type=int, default=4, help="the first warms up and is left out")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    a = ap.parse_args(argv)
+
+    from sparkapp.config import SinkConfig
+    from sparkapp.core.blocks import payload
+    from sparkapp.delivery.runtime import Runtime
+    from sparkapp.edges.clickhouse import clickhouse_client
+    from sparkapp.edges.store import state_store
+    from sparkapp.formats.jsoneachrow import build_lines, guard
+    from sparkapp.spark.batches import deliver_all, partition_slices
+
+    rnd = random.Random(7)  # the events `python -m bench` produces
+    per_batch = a.events // a.partitions * a.partitions
+    batches = [spark_batch([encoded(rnd, b * per_batch + i) for i in range(per_batch)], a.partitions,
+                           b * (per_batch // a.partitions)) for b in range(a.batches)]
+    with tempfile.TemporaryDirectory(prefix="chsink-writer-") as tmp:
+        cfg = SinkConfig.model_validate({
+            "name": "bench-writer", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["bench"]},
+            "clickhouse": {"endpoints": [f"chdb://{tmp}/chdb"], "database": "bench", "tables": {"bench": "events"}},
+            "state": {"engine": "EmbeddedRocksDB", "enabled": True},
+            "batching": {"maxOffsetsPerTrigger": per_batch}, "checkpointLocation": f"{tmp}/checkpoint"})
+        client = clickhouse_client(cfg.clickhouse)
+        client.command("CREATE DATABASE IF NOT EXISTS bench")
+        for table in ("events", "stages"):
+            client.command(TABLE.format(db="bench", table=table))
+        client.command("CREATE TABLE bench.parse AS bench.events ENGINE = Null")
+        store = state_store(cfg, client)
+        store.ensure_schema()
+        rt = Runtime(cfg, store.acquire_epoch(cfg.name, owner="bench-writer"), client, store, None)
+
+        deliver: list[tuple[float, float]] = []  # (wall, CPU) seconds per batch
+        for tbl in batches:
+            t0, c0 = time.perf_counter(), time.process_time()
+            outcomes = deliver_all(rt, tbl)
+            deliver.append((time.perf_counter() - t0, time.process_time() - c0))
+            assert sum(o["rows"] for o in outcomes) == tbl.num_rows, outcomes
+        stored = int(client.command("SELECT count() FROM bench.events"))  # type: ignore[arg-type]
+        assert stored == per_batch * a.batches, f"{stored} rows stored of {per_batch * a.batches}"
+
+        ctx = rt.fast_context("bench")
+        assert ctx is not None, "the bench table takes the fast path"
+        names, check = ctx.inserter.schema.names, guard(ctx.inserter.schema)
+
+        def lines_of(tbl: Any) -> Any:
+            return build_lines(tbl, names, cfg.format.max_message_bytes)
+
+        def insert(table: str, body: Any) -> None:
+            """With the fast path's JSON settings (no token: the copies keep every row)."""
+            client.raw_insert(f"bench.{table}", None, body, settings=ctx.inserter.line_settings, fmt="JSONEachRow")
+
+        stages = {k: 0.0 for k in ("build_lines", "guard", "insert", "parse_null")}
+        for tbl in batches[1:]:
+            for _, _, sub in partition_slices(tbl):
+                c0 = time.process_time()
+                lines = lines_of(sub)
+                stages["build_lines"] += time.process_time() - c0
+                stages["guard"] += _cpu(lambda: check.hits(lines))  # noqa: B023 (called at once)
+                body = payload(lines)
+                stages["insert"] += _cpu(lambda: insert("stages", body))  # noqa: B023
+                stages["parse_null"] += _cpu(lambda: insert("parse", body))  # noqa: B023
+
+        last = [payload(lines_of(sub)) for _, _, sub in partition_slices(batches[-1])]
+        alone, _ = _beside(lambda: time.sleep(0.5))
+        during, cores = _beside(lambda: insert("parse", b"".join(bytes(b) for b in last)))
+        halves = [b"".join(bytes(b) for b in last[i::2]) for i in range(2)]
+        t0 = time.perf_counter()
+        for half in halves:
+            insert("parse", half)
+        serial = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pair = [threading.Thread(target=insert, args=("parse", half)) for half in halves]
+        for t in pair:
+            t.start()
+        for t in pair:
+            t.join()
+        threaded = time.perf_counter() - t0
+        rt.close()
+
+    steady = deliver[1:] or deliver
+    rows = per_batch * len(steady)
+    us = 1e6 / rows
+    results: dict[str, Any] = {
+        "date": dt.date.today().isoformat(), "events_per_batch": per_batch, "partitions": a.partitions,
+        "batches": a.batches,
+        "deliver_all": {"rows_per_s": round(rows / sum(w for w, _ in steady)),
+                        "wall_s_per_batch": round(statistics.median(w for w, _ in steady), 3),
+                        "cpu_s_per_batch": round(statistics.median(c for _, c in steady), 3),
+                        "cpu_us_per_row": round(sum(c for _, c in steady) * us, 3)},
+        "stages_cpu_us_per_row": {k: round(v * us, 3) for k, v in stages.items()},
+        "gil": {"spin_alone_per_s": round(alone), "spin_during_insert_per_s": round(during),
+                "ratio_during_alone": round(during / alone, 3), "process_cores_during_insert": round(cores, 2),
+                # the batch's lines in two halves, one after the other, against on two threads at once
+                "two_inserts_serial_s": round(serial, 3), "two_inserts_threaded_s": round(threaded, 3),
+                "speedup_threaded": round(serial / threaded, 3)},
+    }
+    return publish(results, a.out, "writer")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
