@@ -31,6 +31,7 @@ from hack.testbed.spark import connector_jars
 
 from . import peers
 from .data import TABLE, produce
+from .profile import summarize_jfr
 
 BATCH_LINE = re.compile(r"^(\S+ \S+) INFO chsink\.job: batch (\d+): (\d+) records from \d+ partitions in ([\d.]+)s")
 
@@ -120,6 +121,11 @@ def _sample(proc: subprocess.Popen[Any] | None) -> RssSampler | None:
     return sampler
 
 
+def jfr(profile: Path) -> Path:
+    """Where the driver JVM's flight recording of a profiled run goes, beside py-spy's profile."""
+    return profile.with_name("profile-c.jfr")
+
+
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
             block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None,
             dlq: str | None = None, key_shards: int = 0) -> dict[str, Any]:
@@ -150,7 +156,11 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
            "state": {"engine": "EmbeddedRocksDB", "enabled": exactly_once},
            "batching": {"maxOffsetsPerTrigger": max_offsets, "blockOffsets": block_offsets,
                         "triggerInterval": "0 seconds"},
-           "checkpointLocation": str(work / "checkpoint"), **({"dlq": {"topic": dlq}} if dlq else {})}
+           "checkpointLocation": str(work / "checkpoint"), **({"dlq": {"topic": dlq}} if dlq else {}),
+           # with a profile, Java Flight Recorder samples the driver JVM too (written when the JVM exits)
+           **({"sparkConf": {"spark.driver.extraJavaOptions": f"-XX:StartFlightRecording=filename={jfr(profile)},"
+                                                                 "settings=profile,dumponexit=true"}}
+              if profile else {})}
     (work / "sink.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = work / "job.log"
@@ -185,6 +195,9 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
         raise RuntimeError(f"job delivered {rows} records, expected {n}:\n{text[-3000:]}")
     steady = batches[1:] or batches  # the first batch also pays one-off costs (chdb's first insert, JIT)
     wall = steady[-1][1] - steady[0][0]
+    if profile:
+        profile.with_name("profile-c-jvm.txt").write_text(summarize_jfr(str(jfr(profile)), steady[0][0],
+                                                                        steady[-1][1]) + "\n")
     lat = sorted(b[3] for b in batches)
     return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in steady) / wall, "batches": len(batches),
             "first_batch_s": batches[0][3], "all_batches_rows_per_s": rows / (batches[-1][1] - batches[0][0]),
@@ -308,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="rounds of every measurement but the raw insert and the peers, interleaved; each figure is "
                          "its median round's, so the ratios compare runs made minutes apart, not a run's luck")
     ap.add_argument("--quick", action="store_true", help="a small smoke run (tests use it)")
-    ap.add_argument("--profile", action="store_true", help="also record (c) under py-spy (a speedscope file)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also record the first round's (c) under py-spy (a speedscope file) and its driver JVM "
+                         "under Java Flight Recorder (profile-c.jfr; by component in profile-c-jvm.txt)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
     if a.quick:

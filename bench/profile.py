@@ -1,12 +1,17 @@
-"""Summarizes a py-spy speedscope profile: the share of samples per frame, per busy thread.
+"""Summarizes the profiles `python -m bench --profile` records of (c): py-spy's of the driver's Python (the share
+of samples per frame, per busy thread) and Java Flight Recorder's of the driver JVM (the share of samples per
+component, over the steady batches only).
 
     python -m bench.profile bench/results/profile-c.speedscope.json > bench/results/profile-c.txt
+    python -m bench.profile bench/results/profile-c.jfr [FROM TO] > bench/results/profile-c-jvm.txt
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import re
+import subprocess
 import sys
 
 
@@ -34,5 +39,49 @@ def summarize(path: str, top: int = 30) -> str:
     return "\n".join(out)
 
 
+# Where a JVM sample's CPU goes: the first frame from the leaf that belongs to one of these (a JDK or Scala
+# library frame such as Arrays.copyOf counts for the code that called it); the first pattern that matches names it.
+JVM_PARTS = [
+    ("logging (lines built, mostly to be dropped)", r"(^org\.apache\.logging\.|slf4j|\.internal\.Logging|LogContext)"),
+    ("Kafka client (fetch, record parsing)", r"^org\.apache\.kafka\."),
+    ("Spark's Kafka source (records to rows)", r"(^org\.apache\.spark\.sql\.kafka010\.|UninterruptibleThread)"),
+    ("Arrow conversion and IPC (toArrow)", r"^org\.apache\.(arrow\.|spark\.sql\.execution\.arrow\.)"),
+    ("row projection (generated code)", r"(GeneratedClass|\.UnsafeRow|\.codegen\.|\.unsafe\.|InternalRow)"),
+    ("task results and their serialization", r"(\.scheduler\.|\.serializer\.|\.storage\.|TaskResult|\.io\.Chunked)"),
+    ("Python hand-over (sockets, py4j)", r"(\.api\.python\.|py4j\.|\.security\.SocketAuth)"),
+    ("streaming engine (offsets, commits, progress)", r"^org\.apache\.spark\.sql\.execution\.streaming\."),
+    ("other Spark", r"^org\.apache\.spark\."),
+]
+_FRAME = re.compile(r"^\s+([\w.$<>]+)\.[\w$<>]+\(", re.M)
+
+
+def summarize_jfr(path: str, start: float | None = None, end: float | None = None) -> str:
+    """The driver JVM's CPU samples (`jdk.ExecutionSample`) between start and end (epoch seconds) by component."""
+    text = subprocess.run(["jfr", "print", "--stack-depth", "64", "--events", "jdk.ExecutionSample", path],
+                          capture_output=True, text=True, check=True).stdout
+    parts: collections.Counter[str] = collections.Counter()
+    n = 0
+    for event in text.split("jdk.ExecutionSample {")[1:]:
+        when = re.search(r"startTime = (\d+):(\d+):([\d.]+)", event)  # UTC time of day (the JVMs run in UTC)
+        if when and start is not None and end is not None:
+            h, m, sec = when.groups()
+            t = start - start % 86400 + int(h) * 3600 + int(m) * 60 + float(sec)
+            t += 86400 if t < start - 43200 else 0  # past midnight
+            if not start <= t <= end:
+                continue
+        frames = _FRAME.findall(event)
+        if not frames:
+            continue
+        n += 1
+        parts[next((name for f in frames for name, pat in JVM_PARTS if re.search(pat, f)), "JDK and Scala only")] += 1
+    out = [f"== driver JVM: {n} samples" + (f" from {start:.1f} to {end:.1f}" if start and end else "")]
+    out += [f"{100 * c / max(n, 1):5.1f}%  {name}" for name, c in parts.most_common()]
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    print(summarize(sys.argv[1]))
+    if sys.argv[1].endswith(".jfr"):
+        bounds = [float(x) for x in sys.argv[2:4]]
+        print(summarize_jfr(sys.argv[1], *bounds))
+    else:
+        print(summarize(sys.argv[1]))

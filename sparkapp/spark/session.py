@@ -20,6 +20,10 @@ def session_conf(cfg: SinkConfig) -> dict[str, str]:
     conf["spark.speculation"] = "false"
     conf.setdefault("spark.sql.session.timeZone", "UTC")
     conf.setdefault("spark.ui.showConsoleProgress", "false")
+    # Spark's and the Kafka client's INFO lines (a few per task and per seek) would each be built, the Kafka
+    # client's with a stack walk for its location, and then dropped by the console's WARN threshold: CPU the
+    # driver JVM spends per batch for nothing. `sparkConf` can set it back to INFO.
+    conf.setdefault("spark.log.level", "WARN")
     if not os.environ.get("SPARK_ENV_LOADED") and "spark.jars" not in conf:  # launched by spark-submit: its job
         jars = kafka_connector_jars(conf)
         if jars:

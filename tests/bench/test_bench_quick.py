@@ -71,3 +71,26 @@ def test_writer_alone_writes_json(tmp_path):
     # the CPU clock ticks in 10 ms: a small batch's stage may show none
     assert all(v >= 0 for v in data["stages_cpu_us_per_row"].values())
     assert data["gil"]["spin_alone_per_s"] > 0 and data["gil"]["ratio_during_alone"] >= 0
+
+
+def test_jvm_profile_summary_counts_a_real_recordings_samples_within_its_window(tmp_path):
+    """`bench.profile.summarize_jfr` (what `python -m bench --profile` writes as profile-c-jvm.txt) on a flight
+    recording of a real JVM: every sample attributed, none outside the window asked for."""
+    import time
+
+    from bench.profile import summarize_jfr
+
+    src = tmp_path / "Spin.java"
+    src.write_text("public class Spin { public static void main(String[] a) { long t = System.nanoTime(), s = 0;"
+                   " while (System.nanoTime() - t < 1_500_000_000L) { s += new StringBuilder().append(s).length(); }"
+                   " System.out.println(s); } }")
+    rec = tmp_path / "spin.jfr"
+    t0 = time.time()
+    subprocess.run(["java", f"-XX:StartFlightRecording=filename={rec},settings=profile,dumponexit=true", str(src)],
+                   check=True, capture_output=True, timeout=120)
+    t1 = time.time()
+    whole = summarize_jfr(str(rec), t0, t1)
+    head, *rows = whole.splitlines()
+    assert int(head.split(": ")[1].split()[0]) > 10, whole
+    assert abs(sum(float(r.split("%")[0]) for r in rows) - 100) < 1, whole
+    assert summarize_jfr(str(rec), t0 - 3600, t0 - 3000).startswith("== driver JVM: 0 samples"), "window ignored"
