@@ -51,5 +51,8 @@ RUN pip install --no-cache-dir --no-deps /tmp/wheel/*.whl \
  && rm -rf /tmp/wheel \
  && mkdir -p /opt/chsink \
  && printf 'import sys\nfrom sparkapp.__main__ import main\nsys.exit(main())\n' > /opt/chsink/main.py
+# Spark and the Kafka client at WARN in the driver and every executor (see the file)
+COPY sparkapp/spark/log4j2.properties /opt/chsink/log4j2.properties
+ENV LOG4J_CONFIGURATION_FILE=/opt/chsink/log4j2.properties
 # the SparkApplication's mainApplicationFile: local:///opt/chsink/main.py run --config /etc/chsink/sink.yaml
 USER 185

@@ -52,7 +52,9 @@ JVM_PARTS = [
     ("streaming engine (offsets, commits, progress)", r"^org\.apache\.spark\.sql\.execution\.streaming\."),
     ("other Spark", r"^org\.apache\.spark\."),
 ]
+_PARTS = [(name, re.compile(pat)) for name, pat in JVM_PARTS]
 _FRAME = re.compile(r"^\s+([\w.$<>]+)\.[\w$<>]+\(", re.M)
+_START = re.compile(r"startTime = (\d+):(\d+):([\d.]+)")  # UTC time of day (the JVMs run in UTC)
 
 
 def summarize_jfr(path: str, start: float | None = None, end: float | None = None) -> str:
@@ -62,7 +64,7 @@ def summarize_jfr(path: str, start: float | None = None, end: float | None = Non
     parts: collections.Counter[str] = collections.Counter()
     n = 0
     for event in text.split("jdk.ExecutionSample {")[1:]:
-        when = re.search(r"startTime = (\d+):(\d+):([\d.]+)", event)  # UTC time of day (the JVMs run in UTC)
+        when = _START.search(event)
         if when and start is not None and end is not None:
             h, m, sec = when.groups()
             t = start - start % 86400 + int(h) * 3600 + int(m) * 60 + float(sec)
@@ -73,8 +75,9 @@ def summarize_jfr(path: str, start: float | None = None, end: float | None = Non
         if not frames:
             continue
         n += 1
-        parts[next((name for f in frames for name, pat in JVM_PARTS if re.search(pat, f)), "JDK and Scala only")] += 1
-    out = [f"== driver JVM: {n} samples" + (f" from {start:.1f} to {end:.1f}" if start and end else "")]
+        parts[next((name for f in frames for name, pat in _PARTS if pat.search(f)), "JDK and Scala only")] += 1
+    window = f" from {start:.1f} to {end:.1f}" if start is not None and end is not None else ""
+    out = [f"== driver JVM: {n} samples{window}"]
     out += [f"{100 * c / max(n, 1):5.1f}%  {name}" for name, c in parts.most_common()]
     return "\n".join(out)
 

@@ -165,6 +165,18 @@ class ExecutorWriter(BatchWriter):
             self._runtime.close()
 
 
+KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")  # the source's order
+
+
+def kafka_rows(batch_df: Any, with_headers: bool) -> Any:
+    """The micro-batch's Kafka rows as the writer reads them (by column name). The source's own rows when they
+    are just those columns, as they are unless Spark's source changes: a select, even one that only reorders
+    them, puts a projection in the plan that copies every row, its value included, before the Arrow writer
+    copies it again."""
+    want = [*KAFKA_COLUMNS, *(["headers"] if with_headers else [])]
+    return batch_df if sorted(batch_df.columns) == sorted(want) else batch_df.select(*want)
+
+
 def run_owner() -> str:
     """Who holds the epoch: the epoch's compare-and-set is won by whoever reads its own owner back, so the
     name must be this run's alone; a pod restarted under the same name often has the same pid."""
@@ -226,10 +238,7 @@ class SinkJob:
             raise RuntimeError(STOP_MARKER)  # fails this batch before any write: the checkpoint stays put
         with self.in_batch:
             t0 = time.monotonic()
-            cols = ["topic", "partition", "offset", "key", "value", "timestamp", "timestampType"]
-            if self.with_headers:
-                cols.append("headers")
-            self.writer.write(batch_df.selectExpr(*cols), batch_id, t0)
+            self.writer.write(kafka_rows(batch_df, self.with_headers), batch_id, t0)
 
     def _track_stalled(self, rows: list[PartitionOutcome]) -> None:
         for r in rows:

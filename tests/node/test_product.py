@@ -12,6 +12,7 @@ directory (and to stdout with -s).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -260,6 +261,14 @@ def _fault(p: Product, step: str, act: Callable[[], None]) -> list[tuple[str, st
     return p.sink_events()[before:]
 
 
+JVM_INFO = re.compile(r'^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO |^\{"ts":.*"level":"INFO"')  # Spark's two layouts
+
+
+def _jvm_info(log: str) -> list[str]:
+    """The INFO lines a JVM logged through log4j (the writer's own Python lines look otherwise)."""
+    return [line for line in log.splitlines() if JVM_INFO.search(line)]
+
+
 def _delete(p: Product, selector: str, *extra: str) -> Callable[[], None]:
     def act() -> None:
         names = p.kubectl("get", "pods", "-l", selector, "-o", "name").stdout.split()
@@ -285,6 +294,11 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     p.catch_up("first records")
     p.snapshot("running, producing")
     p.verify()
+    # every JVM of the image, the executor where Spark's Kafka source runs included, logs Spark and the Kafka
+    # client at WARN (the image's LOG4J_CONFIGURATION_FILE): their INFO lines cost CPU on every task
+    info = {role: _jvm_info(p.kubectl("logs", "-l", f"spark-role={role}", "--tail=-1").stdout)[:3]
+            for role in ("driver", "executor")}
+    assert not any(info.values()), f"INFO lines: {info}"
 
     # each fault while producing; the Events on the sink tell what it went through
     events = _fault(p, "delete an executor pod", _delete(p, "spark-role=executor"))
