@@ -10,10 +10,15 @@ from typing import Any
 
 
 def _session(jars: str, master: str) -> Any:
+    """A session on the job's JVM options (its collector): the baselines' JVMs work as the job's do."""
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(master).config("spark.jars", jars)
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    from sparkapp.config import with_jvm_defaults
+
+    builder = SparkSession.builder.master(master).config("spark.jars", jars)
+    for k, v in with_jvm_defaults({"spark.ui.showConsoleProgress": "false"}).items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

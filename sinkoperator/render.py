@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from sparkapp.config import SinkConfig, parse_config
+from sparkapp.config import SinkConfig, parse_config, with_jvm_defaults
 
 from .model import SinkSpec
 from .rebalance import initial_layout, previous_config, routing
@@ -139,7 +139,8 @@ def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
           "data": {CONFIG_FILE: config_text}}
     spark = spec.spark
     env = [var for _, var in secret_refs(spec)]
-    conf = {**spark.spark_conf, "spark.speculation": "false", "spark.kubernetes.driver.annotation.chsink.io/sink": name}
+    conf = {**with_jvm_defaults(spark.spark_conf), "spark.speculation": "false",
+            "spark.kubernetes.driver.annotation.chsink.io/sink": name}
     driver: dict[str, Any] = {
         "cores": spark.driver.cores, "memory": spark.driver.memory,
         "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}], "env": env,

@@ -10,7 +10,7 @@ import enum
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +34,23 @@ _FORBIDDEN_SOURCE_OPTIONS = {"minpartitions", "maxrecordsperpartition", "assign"
 # Every reader (Spark's source, re-reads, the verifier) sees committed records only: Spark's consumer would
 # otherwise read aborted records and those of open transactions as data.
 READ_COMMITTED = {"isolation.level": "read_committed"}
+# The JVMs' garbage collector. Spark's Kafka source and the Arrow hand-over copy every record several times;
+# under G1 (Java's default) its write barriers and concurrent threads cost the benchmark's driver JVM about a
+# quarter more CPU per row than the throughput collector (bench/README.md). A sparkConf naming a collector
+# keeps its own: the JVM refuses two.
+JVM_COLLECTOR = "-XX:+UseParallelGC"
+JVM_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+_NAMES_COLLECTOR = re.compile(r"-XX:[+]Use\w+GC\b")
+
+
+def with_jvm_defaults(conf: Mapping[str, str]) -> dict[str, str]:
+    """`conf` with JVM_COLLECTOR added to the driver's and the executors' JVM options that name no collector."""
+    out = dict(conf)
+    for key in JVM_OPTION_KEYS:
+        opts = out.get(key, "")
+        if not _NAMES_COLLECTOR.search(opts):
+            out[key] = f"{JVM_COLLECTOR} {opts}".strip()
+    return out
 
 
 # a checkpoint location chsink uses holds this file, naming the sink: another sink cannot take it over, and

@@ -7,14 +7,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..config import CHECKPOINT_ENTRIES, CHECKPOINT_MARKER, ConfigError, SinkConfig
+from ..config import CHECKPOINT_ENTRIES, CHECKPOINT_MARKER, ConfigError, SinkConfig, with_jvm_defaults
 
 log = logging.getLogger("chsink.job")
 
 
 def session_conf(cfg: SinkConfig) -> dict[str, str]:
     """The Spark conf the job runs with; ConfigError when Spark's Kafka connector cannot be found."""
-    conf = dict(cfg.spark_conf)
+    conf = with_jvm_defaults(cfg.spark_conf)
     if conf.get("spark.speculation", "false").lower() != "false":
         log.warning("spark.speculation=true ignored: a speculative task would write a partition twice")
     conf["spark.speculation"] = "false"

@@ -269,6 +269,14 @@ def _jvm_info(log: str) -> list[str]:
     return [line for line in log.splitlines() if JVM_INFO.search(line)]
 
 
+def _java_commands(p: Product, selector: str) -> list[str]:
+    """The command lines of the JVMs in the pod the selector names, read from its /proc."""
+    pod = p.kubectl("get", "pods", "-l", selector, "-o", "jsonpath={.items[0].metadata.name}").stdout.strip()
+    out = p.kubectl("exec", pod, "--", "sh", "-c",
+                    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done").stdout
+    return [line for line in out.splitlines() if line.split(" ", 1)[0].endswith("/java")]
+
+
 def _delete(p: Product, selector: str, *extra: str) -> Callable[[], None]:
     def act() -> None:
         names = p.kubectl("get", "pods", "-l", selector, "-o", "name").stdout.split()
@@ -299,6 +307,9 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     info = {role: _jvm_info(p.kubectl("logs", "-l", f"spark-role={role}", "--tail=-1").stdout)[:3]
             for role in ("driver", "executor")}
     assert not any(info.values()), f"INFO lines: {info}"
+    # and runs the throughput collector (the operator renders it into sparkConf's extraJavaOptions)
+    jvms = {role: _java_commands(p, f"spark-role={role}") for role in ("driver", "executor")}
+    assert all(cmds and all("-XX:+UseParallelGC" in c for c in cmds) for cmds in jvms.values()), jvms
 
     # each fault while producing; the Events on the sink tell what it went through
     events = _fault(p, "delete an executor pod", _delete(p, "spark-role=executor"))

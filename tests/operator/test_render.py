@@ -162,3 +162,16 @@ def test_a_name_too_long_for_its_objects_is_refused_at_apply_time(chsink_crds):
     res = chsink_crds.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(cr), check=False)
     assert res.returncode != 0 and "metadata.name: at most 45 characters" in res.stderr, res.stderr
     print(f"\n--- kubectl apply, a 50-character name\n{res.stderr}", file=sys.__stdout__)
+
+
+def test_the_jvms_run_the_throughput_collector_unless_spark_conf_names_one():
+    """Driver and executors get JVM_COLLECTOR next to the user's own options; a user's collector is kept alone,
+    since the JVM refuses to start with two."""
+    conf = rendered()[1]["spec"]["sparkConf"]
+    assert conf["spark.driver.extraJavaOptions"] == conf["spark.executor.extraJavaOptions"] == "-XX:+UseParallelGC"
+    own = copy.deepcopy(SAMPLE["spec"])
+    own.setdefault("spark", {})["sparkConf"] = {"spark.driver.extraJavaOptions": "-Dx=1 -XX:+UseG1GC",
+                                                "spark.executor.extraJavaOptions": "-Dy=2"}
+    conf = rendered(own)[1]["spec"]["sparkConf"]
+    assert conf["spark.driver.extraJavaOptions"] == "-Dx=1 -XX:+UseG1GC"
+    assert conf["spark.executor.extraJavaOptions"] == "-XX:+UseParallelGC -Dy=2"

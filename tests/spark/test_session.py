@@ -1,5 +1,6 @@
 """The job's Spark session: Spark's and the Kafka client's INFO logging off unless the user's sparkConf asks for it
-(each INFO line is built, and the Kafka client's located by a stack walk, before the console drops it)."""
+(each INFO line is built, and the Kafka client's located by a stack walk, before the console drops it), and its
+driver JVM on the throughput collector unless the user's sparkConf names another."""
 
 from __future__ import annotations
 
@@ -13,24 +14,33 @@ _PROBE = """
 import json, sys
 from sparkapp.config import SinkConfig
 from sparkapp.spark.session import build_session, session_conf
-levels = []
-for extra in ({}, {"spark.log.level": "INFO"}):
-    cfg = SinkConfig.model_validate({"name": "s", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["t"]},
-        "clickhouse": {"endpoints": ["chdb:///tmp/unused"], "database": "d", "tables": {"t": "t"}},
-        "checkpointLocation": "/tmp/unused", "sparkConf": extra})
-    spark = build_session(cfg, session_conf(cfg))
-    jvm = spark.sparkContext._jvm
-    levels.append({name: str(jvm.org.apache.logging.log4j.LogManager.getLogger(name).getLevel())
-                   for name in ("", "org.apache.kafka.clients.consumer.internals.SubscriptionState")})
-    spark.stop()
-print("LEVELS " + json.dumps(levels))
+cfg = SinkConfig.model_validate({"name": "s", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["t"]},
+    "clickhouse": {"endpoints": ["chdb:///tmp/unused"], "database": "d", "tables": {"t": "t"}},
+    "checkpointLocation": "/tmp/unused", "sparkConf": json.loads(sys.argv[1])})
+spark = build_session(cfg, session_conf(cfg))
+jvm = spark.sparkContext._jvm
+levels = {name: str(jvm.org.apache.logging.log4j.LogManager.getLogger(name).getLevel())
+          for name in ("", "org.apache.kafka.clients.consumer.internals.SubscriptionState")}
+collectors = sorted(str(b.getName()) for b in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans())
+spark.stop()
+print("JVM " + json.dumps({"levels": levels, "collectors": collectors}))
 """
 
 
-def test_spark_and_kafka_client_log_at_warn_unless_spark_conf_says_otherwise():
-    res = subprocess.run([sys.executable, "-c", _PROBE], cwd=REPO, capture_output=True, text=True, timeout=300)
+def _driver_jvm(spark_conf: dict[str, str]) -> dict[str, object]:
+    """The job's session built in a Python process of its own (one JVM per process: its options apply once)."""
+    res = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spark_conf)], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    line = next(x for x in res.stdout.splitlines() if x.startswith("LEVELS "))
-    default, asked = json.loads(line[len("LEVELS "):])
-    assert set(default.values()) == {"WARN"}, default  # the root and a Kafka client logger that logs every seek
-    assert set(asked.values()) == {"INFO"}, asked
+    line = next(x for x in res.stdout.splitlines() if x.startswith("JVM "))
+    out: dict[str, object] = json.loads(line[len("JVM "):])
+    return out
+
+
+def test_spark_and_kafka_client_log_at_warn_and_the_driver_jvm_runs_parallel_gc_unless_spark_conf_says_otherwise():
+    default = _driver_jvm({})
+    assert set(default["levels"].values()) == {"WARN"}, default  # the root and a Kafka client logger that logs every seek
+    assert default["collectors"] == ["PS MarkSweep", "PS Scavenge"], default  # the throughput collector's two
+    asked = _driver_jvm({"spark.log.level": "INFO", "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"})
+    assert set(asked["levels"].values()) == {"INFO"}, asked
+    assert asked["collectors"] == ["Copy", "MarkSweepCompact"], asked  # the user's collector, alone
