@@ -35,20 +35,20 @@ _FORBIDDEN_SOURCE_OPTIONS = {"minpartitions", "maxrecordsperpartition", "assign"
 # otherwise read aborted records and those of open transactions as data.
 READ_COMMITTED = {"isolation.level": "read_committed"}
 # The JVMs' garbage collector. Spark's Kafka source and the Arrow hand-over copy every record several times;
-# under G1 (Java's default) its write barriers and concurrent threads cost the benchmark's driver JVM about a
-# quarter more CPU per row than the throughput collector (bench/README.md). A sparkConf naming a collector
-# keeps its own: the JVM refuses two.
+# under G1 (Java's default) the benchmark's driver JVM spent about a fifth more CPU per row, and varied more,
+# than under the throughput collector (README, Performance). A collector named in the role's options (its
+# own or Spark's default ones) is kept alone: the JVM refuses two.
 JVM_COLLECTOR = "-XX:+UseParallelGC"
-JVM_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 _NAMES_COLLECTOR = re.compile(r"-XX:[+]Use\w+GC\b")
 
 
 def with_jvm_defaults(conf: Mapping[str, str]) -> dict[str, str]:
     """`conf` with JVM_COLLECTOR added to the driver's and the executors' JVM options that name no collector."""
     out = dict(conf)
-    for key in JVM_OPTION_KEYS:
+    for role in ("driver", "executor"):
+        key = f"spark.{role}.extraJavaOptions"
         opts = out.get(key, "")
-        if not _NAMES_COLLECTOR.search(opts):
+        if not _NAMES_COLLECTOR.search(f"{out.get(f'spark.{role}.defaultJavaOptions', '')} {opts}"):
             out[key] = f"{JVM_COLLECTOR} {opts}".strip()
     return out
 

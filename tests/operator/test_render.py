@@ -175,3 +175,7 @@ def test_the_jvms_run_the_throughput_collector_unless_spark_conf_names_one():
     conf = rendered(own)[1]["spec"]["sparkConf"]
     assert conf["spark.driver.extraJavaOptions"] == "-Dx=1 -XX:+UseG1GC"
     assert conf["spark.executor.extraJavaOptions"] == "-XX:+UseParallelGC -Dy=2"
+    own["spark"]["sparkConf"] = {"spark.executor.defaultJavaOptions": "-XX:+UseZGC"}  # Spark's admin defaults
+    conf = rendered(own)[1]["spec"]["sparkConf"]
+    assert "spark.executor.extraJavaOptions" not in conf, conf
+    assert conf["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
