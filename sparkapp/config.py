@@ -34,10 +34,10 @@ _FORBIDDEN_SOURCE_OPTIONS = {"minpartitions", "maxrecordsperpartition", "assign"
 # Every reader (Spark's source, re-reads, the verifier) sees committed records only: Spark's consumer would
 # otherwise read aborted records and those of open transactions as data.
 READ_COMMITTED = {"isolation.level": "read_committed"}
-# The JVMs' garbage collector. Spark's Kafka source and the Arrow hand-over copy every record several times;
-# under G1 (Java's default) the benchmark's driver JVM spent about a fifth more CPU per row, and varied more,
-# than under the throughput collector (README, Performance). A collector named in the role's options (its
-# own or Spark's default ones) is kept alone: the JVM refuses two.
+# The JVMs' garbage collector. Spark's Kafka source copies every record several times; under the throughput
+# collector it spent less CPU per row than under G1 (Java's default) in every benchmark run, and the driver
+# JVM's peak memory was lower (README, Performance). A collector named in the role's options (its own or
+# Spark's default ones) is kept alone: the JVM refuses two.
 JVM_COLLECTOR = "-XX:+UseParallelGC"
 _NAMES_COLLECTOR = re.compile(r"-XX:[+]Use\w+GC\b")
 
