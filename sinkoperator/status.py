@@ -18,7 +18,7 @@ import kopf
 from sparkapp.config import SinkConfig
 from sparkapp.core.state_machine import Phase
 from sparkapp.edges.kafka import all_watermarks, topic_partitions
-from sparkapp.edges.store import StateRow, StateStore, resume_positions
+from sparkapp.edges.store import StateRow, StateStore
 
 from . import kube, metrics
 from .lifecycle import Observed, Problem, conditions, keep_transition_times
@@ -103,10 +103,11 @@ class Progress:
 
 def progress(namespace: str, name: str, cfg: SinkConfig, store: StateStore, cr_status: SinkStatus) -> Progress:
     """Per-partition state rows from the store, lag from Kafka high watermarks, and unconfirmed ranges."""
-    rows = store.list_sink(cfg.name)
+    state = store.sink_state(cfg.name)
+    rows = state.rows
     parts = topic_partitions(cfg.kafka)
     partitions: list[dict[str, Any]] = []
-    done = resume_positions(rows)
+    done = state.resume()
     highs = {tp: high for tp, (_, high) in all_watermarks(cfg.kafka, parts).items()}
     total_lag = sum(max(0, high - done.get(tp, 0)) for tp, high in highs.items())
     for r in rows:
@@ -115,7 +116,7 @@ def progress(namespace: str, name: str, cfg: SinkConfig, store: StateStore, cr_s
         partitions.append({"topic": r.pk.topic, "partition": r.pk.partition, "table": r.pk.table,
                            "minOffset": s.range.min, "maxOffset": s.range.max, "phase": s.phase.value,
                            "epoch": s.epoch, "lastCommit": r.updated_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                           "highWatermark": high, "lag": max(0, high - s.resume_offset), "shard": r.shard})
+                           "highWatermark": high, "lag": max(0, high - state.table_resume(r)), "shard": r.shard})
     last = max((str(p["lastCommit"]) for p in partitions), default=None)
     body: dict[str, Any] = {"sink": cfg.name, "partitionCount": len(highs), "lag": total_lag,
                             "partitions": partitions}

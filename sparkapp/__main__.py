@@ -79,7 +79,8 @@ def _state(cfg: SinkConfig, args: argparse.Namespace) -> int:
     store = state_store(cfg, clickhouse_client(cfg.clickhouse))
     store.ensure_schema()
     if args.action == "list":
-        rows = store.list_sink(cfg.name)
+        state = store.sink_state(cfg.name)
+        rows = state.rows
         print(f"{'TOPIC':<24} {'PART':>4} {'TABLE':<16} {'STATE':<6} {'MIN':>12} {'MAX':>12} {'EPOCH':>5} "
               f"{'LAYOUT':>6} {'SHARD':>5} UPDATED")
         for r in rows:
@@ -87,6 +88,8 @@ def _state(cfg: SinkConfig, args: argparse.Namespace) -> int:
             print(f"{r.pk.topic:<24} {r.pk.partition:>4} {r.pk.table or '-':<16} {s.phase.value:<6} "
                   f"{s.range.min:>12} {s.range.max:>12} {s.epoch:>5} {s.layout:>6} {r.shard:>5} "
                   f"{r.updated_at:%Y-%m-%d %H:%M:%S}")
+        for (t, p), at in sorted(state.read_through.items()):
+            print(f"{t}/{p} read through offset {at - 1}: its tables resume at {at} at the earliest, or where BEFORE")
         print(f"{len(rows)} partition state row(s) for sink {cfg.name} (current epoch {store.current_epoch(cfg.name)})")
         return 0
     partitions = None

@@ -23,7 +23,7 @@ from .delivery.runtime import UNROUTABLE
 from .edges.clickhouse import clickhouse_client, load_schema
 from .edges.dlq import read_dead_letters
 from .edges.kafka import consumer, present_offsets, read_range, topic_partitions, watermarks
-from .edges.store import resume_positions, state_store
+from .edges.store import state_store
 
 
 @dataclass
@@ -174,12 +174,13 @@ def verify(cfg: SinkConfig) -> Report:
     parts = topic_partitions(cfg.kafka)
     client = clickhouse_client(cfg.clickhouse)
     store = state_store(cfg, client)
-    rows = store.list_sink(cfg.name)
+    state = store.sink_state(cfg.name)
+    rows = state.rows
     tables = sorted(set(cfg.clickhouse.tables.values()) | {r.pk.table for r in rows if r.pk.table
                                                           and not r.pk.table.startswith("__")})
     ch, notes = _clickhouse_offsets(cfg, tables)
     dlq = _dlq_offsets(cfg)
-    delivered = resume_positions(rows)
+    delivered = state.resume()
     reports = []
     for topic, n in parts.items():
         for p in range(n):
@@ -193,7 +194,7 @@ def verify(cfg: SinkConfig) -> Report:
                                     if ch_here.get(o, 0) + dlq_here.get(o, 0) > 1)
             rep.outside = sorted(o for o in ch_here if o >= hi or o < 0)
             absent = [o for o in range(lo, hi) if o not in ch_here and o not in dlq_here]
-            tables_at = {r.pk.table: r.state.resume_offset for r in rows if (r.pk.topic, r.pk.partition) == (topic, p)}
+            tables_at = {r.pk.table: state.table_resume(r) for r in rows if (r.pk.topic, r.pk.partition) == (topic, p)}
             reach = max(tables_at.values(), default=rep.delivered_to)  # the fastest table's position
             rep.gaps = _existing(cfg, topic, p, [o for o in absent if o < rep.delivered_to], rep)
             rep.gaps += (routed := _routed_gaps(cfg, topic, p, [o for o in absent if rep.delivered_to <= o < reach],

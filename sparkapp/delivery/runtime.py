@@ -20,7 +20,7 @@ from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import Inserter, unsafe_target
 from ..edges.kafka import read_range
 from ..edges.shards import Health, ShardSet, ShardUnavailableError
-from ..edges.store import PartitionKey, StateStore, resume_positions, state_store
+from ..edges.store import READ_THROUGH, PartitionKey, StateStore, state_store
 from ..formats.debezium import CHANGE_COLUMNS
 from ..formats.jsoneachrow import LineBatch, eligible
 from ..formats.registry import Reader, make_decoder, record_reader
@@ -43,7 +43,9 @@ def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int],
                      fail_on_data_loss: bool = True) -> dict[str, dict[str, int]]:
     """Where each partition resumes when there is no checkpoint: AFTER -> max+1, BEFORE -> min.
 
-    With several tables per partition the slowest table decides; the others skip what they have.
+    With several tables per partition the slowest table decides; the others skip what they have. A table's
+    AFTER row counts from the partition's read-through when that is higher (SinkState): a table that gets no
+    records must not hold its partition back at its last range.
     Partitions without state start at the earliest offset (-2). A position below the partition's log start
     (`log_starts`: retention deleted records) starts at the log start instead, or Spark's source would refuse
     to start: a BEFORE range there is re-read from what Kafka still holds (the writer tells whether the rest
@@ -51,24 +53,25 @@ def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int],
     failOnDataLoss is off. A row past the partition's end (`marks` gives each partition's (start, end)) means
     the topic was recreated: refused, since its new records would be taken for ones delivered already.
     """
-    rows = store.list_sink(sink)
+    state = store.sink_state(sink)
+    rows = state.rows
     marks = marks or {}
-    for r in rows:
-        end = marks.get((r.pk.topic, r.pk.partition), (0, 1 << 62))[1]
-        if r.state.range.max >= end:
+    for pk, last in [*((r.pk, r.state.range.max) for r in rows),
+                     *((PartitionKey(sink, t, p), at - 1) for (t, p), at in state.read_through.items())]:
+        end = marks.get((pk.topic, pk.partition), (0, 1 << 62))[1]
+        if last >= end:
             raise IrrecoverableStateError(
-                f"{r.pk}: the state store recorded offset {r.state.range.max}, but the partition ends at {end - 1}: "
-                "the topic was deleted and recreated (or its offsets were reset). Its new records would be taken for "
-                "delivered ones; check the target table, then reset the sink's state (`python -m sparkapp state "
-                "reset`)")
-    resume = resume_positions(rows)
+                f"{pk}: the state store recorded offset {last}, but the partition ends at {end - 1}: the topic was "
+                "deleted and recreated (or its offsets were reset). Its new records would be taken for delivered "
+                "ones; check the target table, then reset the sink's state (`python -m sparkapp state reset`)")
+    resume = state.resume()
     for (t, p), at in sorted(resume.items()):
         low = marks.get((t, p), (0, 0))[0]
         if at >= low:
             continue
         for r in rows:
-            if (r.pk.topic, r.pk.partition) == (t, p) and r.state.phase is Phase.AFTER and r.state.resume_offset < low:
-                why = (f"{r.pk}: offsets [{r.state.resume_offset}, {low - 1}] were deleted from Kafka (retention) "
+            if (r.pk.topic, r.pk.partition) == (t, p) and r.state.phase is Phase.AFTER and state.table_resume(r) < low:
+                why = (f"{r.pk}: offsets [{state.table_resume(r)}, {low - 1}] were deleted from Kafka (retention) "
                        "before they were delivered: they are lost")
                 if fail_on_data_loss:
                     raise DataLossError(why + '; set kafka.sourceOptions.failOnDataLoss: "false" to go on without them')
@@ -141,6 +144,8 @@ class Runtime:
         name, why = record_table(m, ch.table_field, ch.table_header, default)
         if name is None:
             return None, why
+        if name in (UNROUTABLE, READ_THROUGH):  # their state rows would be taken for chsink's own
+            return None, f"table name {name!r} is reserved by chsink"
         if self._context(name) is None:
             return None, self.missing_tables[name]
         return name, ""

@@ -13,7 +13,7 @@ import datetime as dt
 import enum
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -110,13 +110,43 @@ class Begin:
     dlq_mark: str | None = None  # the range's dead letters are produced right after: SENDING from this mark
 
 
-def resume_positions(rows: Iterable[StateRow]) -> dict[tuple[str, int], int]:
+READ_THROUGH = "__read_through__"  # the target of a routed partition's read-through row (not a table)
+
+
+def table_resume(r: StateRow, read_through: Mapping[tuple[str, int], int]) -> int:
+    """Where the row's table resumes. An AFTER row is lifted to its partition's read-through: every record
+    below that was handed to its table's writer in offset order, so a table that took none of them since its
+    range lost nothing there. A BEFORE row keeps its start: that range is re-read to be re-sent as recorded."""
+    at = r.state.resume_offset
+    if r.state.phase is Phase.AFTER:
+        return max(at, read_through.get((r.pk.topic, r.pk.partition), at))
+    return at
+
+
+def resume_positions(rows: Iterable[StateRow],
+                     read_through: Mapping[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
     """Per (topic, partition), the offset everything below which is delivered; the slowest table decides."""
     out: dict[tuple[str, int], int] = {}
     for r in rows:
-        key = (r.pk.topic, r.pk.partition)
-        out[key] = min(r.state.resume_offset, out.get(key, r.state.resume_offset))
+        key, at = (r.pk.topic, r.pk.partition), table_resume(r, read_through or {})
+        out[key] = min(at, out.get(key, at))
     return out
+
+
+@dataclass(frozen=True)
+class SinkState:
+    """A sink's partition rows, one per (topic, partition, table), and each routed partition's read-through:
+    the offset below which every record was handed to its table's writer (a table stays BEFORE where that
+    failed). A partition's restart position needs both: a table that gets no records keeps its last range."""
+
+    rows: list[StateRow]
+    read_through: dict[tuple[str, int], int]
+
+    def resume(self) -> dict[tuple[str, int], int]:
+        return resume_positions(self.rows, self.read_through)
+
+    def table_resume(self, r: StateRow) -> int:
+        return table_resume(r, self.read_through)
 
 
 _COLUMNS = (
@@ -218,9 +248,44 @@ class StateStore:
         rows = self._select(f"key IN ({', '.join(map(_q, keys))})")
         return {keys[r[0]]: self._state_row(r) for r in rows}
 
+    def sink_state(self, sink: str) -> SinkState:
+        """The sink's table rows and read-through positions, in one read."""
+        rows = sorted((self._state_row(r) for r in self._select(f"kind = 'partition' AND sink = {_q(sink)}")),
+                      key=lambda s: s.pk)
+        return SinkState([r for r in rows if r.pk.table != READ_THROUGH],
+                         {(r.pk.topic, r.pk.partition): r.state.resume_offset for r in rows
+                          if r.pk.table == READ_THROUGH})
+
     def list_sink(self, sink: str) -> list[StateRow]:
-        rows = self._select(f"kind = 'partition' AND sink = {_q(sink)}")
-        return sorted((self._state_row(r) for r in rows), key=lambda s: s.pk)
+        """The sink's table rows."""
+        return self.sink_state(sink).rows
+
+    def record_read_through(self, sink: str, positions: Mapping[tuple[str, int], int], epoch: int) -> None:
+        """Raises each partition's read-through to the given offset, never lowers it, in one conditional write
+        (and one read first, which fences a writer whose sink was taken over). Only the writer that handed the
+        records over in order, and saw each table's writer return, may claim a position."""
+        if not positions:
+            return
+        keys = {PartitionKey(sink, t, p, READ_THROUGH).key: (t, p, at) for (t, p), at in positions.items() if at > 0}
+        epoch_key = self._epoch_key(sink)
+        rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(_q, [*keys, epoch_key]))})")}
+        _fence(sink, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
+        created = [self._row(k, "partition", sink=sink, topic=t, partition=p, target=READ_THROUGH,
+                             phase=Phase.AFTER.value, min_offset=at - 1, max_offset=at - 1, epoch=epoch)
+                   for k, (t, p, at) in keys.items() if k not in rows]
+        if created:
+            try:
+                self._insert(created, strict=True)
+            except Exception as e:
+                if not _is_node_exists(e):
+                    raise  # another writer created one first: the next batch raises it
+        old = [k for k in keys if k in rows]
+        if old:
+            last = ", ".join(f"toInt64({keys[k][2] - 1})" for k in old)
+            values = f"transform(key, [{', '.join(map(_q, old))}], [{last}], max_offset)"
+            self._update(f"max_offset = greatest(max_offset, {values}), min_offset = greatest(min_offset, {values}), "
+                         f"epoch = {epoch}, updated_at = now64(3)",
+                         f"key IN ({', '.join(map(_q, old))}) AND epoch <= {epoch}")
 
     def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0,
               block_offsets: int = 0, expected: StoredState | None = ANY) -> None:

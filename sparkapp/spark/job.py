@@ -30,7 +30,7 @@ from ..edges.clickhouse import clickhouse_client, load_schema
 from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import first_line, unsafe_target, worth_retrying
 from ..edges.kafka import all_watermarks, topic_partitions
-from ..edges.store import FencedError, resume_positions, state_store
+from ..edges.store import FencedError, state_store
 from ..formats.registry import make_decoder
 from .batches import deliver_all, executor_fn, guarded, outcome_ddl
 from .session import build_session, checkpoint_exists, fresh_checkpoint, mark_checkpoint, session_conf
@@ -197,6 +197,10 @@ class SinkJob:
         self.epoch = 0
         self.starting: dict[str, dict[str, int]] = {}
         self.stalled: dict[tuple[str, int], int] = {}  # partition -> highest offset Spark handed over
+        # partition -> the offset below which this run handed every record to its table's writer, and what of it
+        # the state store has: routed sinks only (one table per partition is its own read-through)
+        self.read_through: dict[tuple[str, int], int] = {}
+        self.recorded: dict[tuple[str, int], int] = {}
         self.catch_up_every = 5.0
         # whether Spark's source reads the records' headers (it costs it some): for routing by header, or for a
         # table with a `_headers` column (a routed sink's tables are not known up front)
@@ -254,7 +258,7 @@ class SinkJob:
         does not answer now (the state store's, or a shard's) leaves them stalled for the next try."""
         try:
             rt = self.writer.runtime()
-            starts = resume_positions(rt.store.list_sink(self.cfg.name))  # one read for all stalled partitions
+            starts = rt.store.sink_state(self.cfg.name).resume()  # one read for all stalled partitions
         except Exception as e:
             if not worth_retrying(e):
                 raise
@@ -271,7 +275,31 @@ class SinkJob:
         if done:
             log.info("caught up stalled partition(s) %s (%d rows)", ", ".join(done), sum(r["inserted"] for r in rows))
 
+    def _record_read_through(self, rows: list[PartitionOutcome]) -> None:
+        """After a batch, each of its partitions is read through its last offset: Spark hands a partition's
+        records over in batches that follow each other, each table's writer returned for every one of them
+        (AFTER, or BEFORE where it stalled), and the run started where everything below was so. The store
+        keeps it, so that a restart does not go back to the last range of a table that got no records."""
+        if not (self.cfg.clickhouse.routed and self.cfg.state.enabled):
+            return
+        for r in rows:
+            if r["upto"] >= 0:
+                tp = (r["topic"], r["partition"])
+                self.read_through[tp] = max(self.read_through.get(tp, 0), r["upto"] + 1)
+        changed = {tp: at for tp, at in self.read_through.items() if self.recorded.get(tp) != at}
+        try:
+            self.writer.runtime().store.record_read_through(self.cfg.name, changed, self.epoch)
+        except FencedError:
+            raise
+        except Exception as e:
+            if not worth_retrying(e):
+                raise
+            log.warning("read-through positions not recorded (the next batch tries again): %s", first_line(e))
+            return
+        self.recorded.update(changed)
+
     def account(self, rows: list[PartitionOutcome], batch_id: int, t0: float, detail: str = "") -> None:
+        self._record_read_through(rows)
         self._track_stalled(rows)
         p = self.progress
         if p.batches == 0:

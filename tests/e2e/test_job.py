@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, Producer
 from hack.testbed import free_port
 from hack.testbed.process import REPO
 from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON, HEADER_SINK, HEADER_TOPIC
+from tests.delivery.test_retention import delete_below
 
 from .harness import SinkHarness, drained_sink, event
 
@@ -60,26 +61,50 @@ def test_bad_input_reaches_the_dlq_and_the_job_keeps_running(tmp_path, kafka, to
     assert report["totals"]["dead_lettered"] == len(bad)
 
 
-def test_multi_table_topic_routes_by_field_with_state_per_table(tmp_path, kafka, topic, ch_path):
+def _routed_sink(tmp_path, kafka, topic, ch_path) -> tuple[SinkHarness, str]:
     src, dlq = topic(1), topic(1)
     sink = SinkHarness(tmp_path, kafka, src, dlq, server=ch_path)
     sink.sql(f"CREATE TABLE {sink.db}.clicks (id UInt64, _topic String, _partition UInt16, _offset UInt64) "
              "ENGINE = MergeTree ORDER BY _offset SETTINGS non_replicated_deduplication_window = 1000")
     sink.config["clickhouse"]["tableField"] = "table"
     sink.write_config()
-    p = Producer({"bootstrap.servers": kafka.bootstrap})
-    for i in range(30):
-        table = ["events", "clicks", "nope"][i % 3]
+    return sink, src
+
+
+def _produce_routed(bootstrap: str, src: str, tables: list[str], first: int = 0) -> None:
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i, table in enumerate(tables, first):
         p.produce(src, json.dumps({**event(i), "table": table}).encode(), partition=0)
     assert p.flush(30) == 0
+
+
+def test_a_multi_table_topic_is_routed_by_field_and_a_quiet_table_never_holds_its_partition_back(
+        tmp_path, kafka, topic, ch_path):
+    """Each record goes to the table its field names, with a state row per table; a record naming no table is
+    dead-lettered. The partition restarts where it was read through, not at the last range of a table that has
+    had no records since: once retention deletes the records after that range, nothing is lost, nothing stops
+    the run, and nothing is read twice."""
+    sink, src = _routed_sink(tmp_path, kafka, topic, ch_path)
+    _produce_routed(kafka.bootstrap, src, ["events", "clicks", "nope"] * 10 + ["events"] * 200)
     sink.drain()
-    [[events]], [[clicks]] = sink.sql(f"SELECT count() FROM {sink.db}.events", f"SELECT count() FROM {sink.db}.clicks")
-    assert (events, clicks) == (10, 10)
-    reasons = {dict(m.headers())[HEADER_REASON].decode().split(":")[0] for m in dlq_messages(kafka.bootstrap, dlq, 10)}
+    assert sink.sql(f"SELECT count() FROM {sink.db}.events", f"SELECT count() FROM {sink.db}.clicks") == \
+        [[[210]], [[10]]]
+    dead = dlq_messages(kafka.bootstrap, sink.config["dlq"]["topic"], 10)
+    reasons = {dict(m.headers())[HEADER_REASON].decode().split(":")[0] for m in dead}
     assert reasons == {"unknown target table 'nope'"}
     state = run_cli("state", "list", "--config", str(sink.config_path))
     assert "clicks" in state.stdout and "events" in state.stdout and "__unroutable__" in state.stdout
-    assert sink.verify()["ok"]
+    assert f"{src}/0 read through offset 229" in state.stdout, state.stdout
+
+    delete_below(kafka.bootstrap, src, 100)  # retention: the clicks' and the dead letters' ranges are gone
+    _produce_routed(kafka.bootstrap, src, ["events"] * 10, first=230)
+    sink.delete_checkpoint()  # the state store alone says where the partition resumes
+    sink.drain()
+    assert f"starting offsets from the state store {{'{src}': {{'0': 230}}}}" in sink.log_text()
+    assert sink.sql(f"SELECT count() FROM {sink.db}.events", f"SELECT count() FROM {sink.db}.clicks") == \
+        [[[220]], [[10]]]
+    report = sink.verify()
+    assert report["ok"] and report["totals"]["clickhouse"] == 230, report  # every record once
 
 
 def test_state_reset_needs_yes(tmp_path, kafka, topic):

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kazoo.client import KazooClient
 
 from sparkapp.config import Engine
-from sparkapp.core.state_machine import OffsetRange, Phase
-from sparkapp.edges.store import SCHEMA_VERSION, FencedError, PartitionKey, StateStore, StateStoreError
+from sparkapp.core.state_machine import OffsetRange, Phase, StoredState
+from sparkapp.edges.store import (
+    SCHEMA_VERSION,
+    DlqPhase,
+    FencedError,
+    PartitionKey,
+    StateRow,
+    StateStore,
+    StateStoreError,
+    resume_positions,
+)
 
 
 @pytest.fixture(params=[Engine.KEEPER_MAP, Engine.ROCKSDB], ids=["keepermap", "rocksdb"])
@@ -139,3 +152,49 @@ def test_many_partitions_go_before_and_after_together_each_on_its_own_planned_st
         store.commit_many(again, e)
     store.commit_many(again, newer)
     assert store.get(pks[2]).state.phase is Phase.AFTER
+
+
+def test_read_through_lifts_a_quiet_tables_after_row_only_rises_is_fenced_and_goes_with_its_partition(store):
+    e = store.acquire_epoch("s1")
+    busy, quiet, waiting = (PartitionKey("s1", "t", 0, "busy"), PartitionKey("s1", "t", 0, "quiet"),
+                            PartitionKey("s1", "t", 1, "quiet"))
+    for pk, rng in ((busy, OffsetRange(10, 99)), (quiet, OffsetRange(0, 4)), (waiting, OffsetRange(3, 8))):
+        store.begin(pk, rng, e)
+    store.commit(busy, OffsetRange(10, 99), e)
+    store.commit(quiet, OffsetRange(0, 4), e)  # partition 1's `quiet` stays BEFORE: it stalled
+    assert store.sink_state("s1").resume() == {("t", 0): 5, ("t", 1): 3}
+    store.record_read_through("s1", {("t", 0): 100, ("t", 1): 50}, e)
+    state = store.sink_state("s1")
+    assert [r.pk for r in state.rows] == [busy, quiet, waiting]  # the positions are no table's rows
+    assert state.read_through == {("t", 0): 100, ("t", 1): 50}
+    assert state.resume() == {("t", 0): 100, ("t", 1): 3}  # a BEFORE range is re-read whatever the position
+    assert [state.table_resume(r) for r in state.rows] == [100, 100, 3]
+    store.record_read_through("s1", {("t", 0): 60, ("t", 1): 70}, e)  # a run that started lower never lowers it
+    assert store.sink_state("s1").read_through == {("t", 0): 100, ("t", 1): 70}
+    newer = store.acquire_epoch("s1")
+    with pytest.raises(FencedError, match="sink taken over"):
+        store.record_read_through("s1", {("t", 0): 200}, e)
+    store.record_read_through("s1", {("t", 0): 200}, newer)
+    assert store.sink_state("s1").read_through == {("t", 0): 200, ("t", 1): 70}
+    assert store.delete("s1", [("t", 0)]) == 3  # a reset partition starts over: its position goes with it
+    assert store.sink_state("s1").read_through == {("t", 1): 70}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["a", "b", "c"]), st.integers(0, 50), st.integers(0, 50),
+                          st.booleans()), max_size=12),
+       st.dictionaries(st.integers(0, 2), st.integers(1, 120)))
+def test_a_read_through_position_only_lifts_confirmed_tables(spec, through):
+    rows = {}
+    for p, table, lo, n, after in spec:
+        pk = PartitionKey("s", "t", p, table)
+        rows[pk] = StateRow(pk, StoredState(OffsetRange(lo, lo + n), Phase.AFTER if after else Phase.BEFORE),
+                            "", 0, DlqPhase.NONE, "", dt.datetime.now(dt.UTC))
+    positions = {("t", p): at for p, at in through.items()}
+    plain, lifted = resume_positions(rows.values()), resume_positions(rows.values(), positions)
+    assert lifted.keys() == plain.keys()  # a position alone never makes a partition resume anywhere
+    for tp, at in lifted.items():
+        mine = [r.state for r in rows.values() if (r.pk.topic, r.pk.partition) == tp]
+        assert plain[tp] <= at <= max(plain[tp], positions.get(tp, 0))
+        assert all(at <= s.range.min for s in mine if s.phase is Phase.BEFORE)  # unconfirmed ranges are re-read
+        assert all(at <= s.resume_offset or at <= positions[tp] for s in mine)
