@@ -6,6 +6,7 @@ executor for HTTP DSNs. The code that runs is the same in both places.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,13 @@ def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int],
                 log.error("%s; going on (failOnDataLoss is false)", why)
         resume[(t, p)] = low
     return {t: {str(p): resume.get((t, p), -2) for p in range(n)} for t, n in partitions.items()}
+
+
+def _stalls(e: ShardUnavailableError) -> Decoder:
+    def decode(m: Message) -> Any:
+        raise e
+
+    return decode
 
 
 REGISTRY = "schema registry"  # what a partition waiting for the registry stalls on, as one waits for a shard
@@ -286,7 +294,10 @@ class Runtime:
             found = self._unroutable_context(reasons) if table == UNROUTABLE else self._context(table)
             assert found is not None
             pk = PartitionKey(self.cfg.name, topic, partition, table if self.cfg.clickhouse.routed else "")
-            ctx = found if table == UNROUTABLE else self._evolved(table, found, pk, msgs)
+            try:
+                ctx = found if table == UNROUTABLE else self._evolved(table, found, pk, msgs)
+            except ShardUnavailableError as e:  # the registry does not answer: the write stalls where it decodes,
+                ctx = dataclasses.replace(found, decode=_stalls(e))  # after its range is BEFORE
             ctx.refetch = self._refetcher(table)
             try:
                 results.append(write_partition(ctx, pk, msgs))

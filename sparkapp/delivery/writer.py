@@ -98,15 +98,19 @@ def _write_decoded(ctx: WriterContext, pk: PartitionKey, msgs: list[Message], re
     if not (plan.retry or plan.insert or plan.dead_letter):
         return result
 
-    rows, dead = decode_batch(ctx.decode, msgs)
     for rng in plan.dead_letter:  # a BEFORE range this batch holds only part of: cannot be re-sent identically
         note = "; ".join(plan.notes) or f"stored BEFORE range not reproducible ({rng})"
         unsure = [DeadLetter(m, note) for m in msgs if m.offset in rng]
         _dead_letter(ctx, pk, unsure)
         result.dead_lettered += len(unsure)
+    decoded: tuple[list[tuple[int, list[Any]]], list[DeadLetter]] | None = None
     for rng, retry in _ranges(plan):
         place = _placement(ctx, pk, row, retry)
         stored = _begin(ctx, pk, rng, place, stored)
+        # decoded once the range is BEFORE: a schema registry that does not answer then stalls it there, as an
+        # unavailable shard does, and the next batch re-reads it. Decoded first, such a stall left the state
+        # below the batch, and the next batch's range landed above the records it held.
+        rows, dead = decoded = decoded or decode_batch(ctx.decode, msgs)
         _deliver_decoded(ctx, pk, rng, retry, rows, dead, result, place)
         stored = _commit(ctx, pk, rng, retry, result, place)
     return result

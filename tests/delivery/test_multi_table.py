@@ -7,12 +7,14 @@ otherwise the next batch lands above a hole in their ranges and the skipped reco
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 
 from sparkapp.config import parse_config
 from sparkapp.core.state_machine import OffsetRange, Phase
-from sparkapp.delivery.runtime import Runtime
+from sparkapp.delivery.runtime import REGISTRY, Runtime
 from sparkapp.edges.kafka import read_range
 from sparkapp.edges.shards import ShardUnavailableError
 from sparkapp.edges.store import state_store
@@ -21,7 +23,9 @@ TABLE = ("CREATE TABLE IF NOT EXISTS `{db}`.{t} (id UInt64, _topic String, _part
          "ENGINE = MergeTree ORDER BY _offset SETTINGS non_replicated_deduplication_window = 10000")
 
 
-def test_a_stalled_table_does_not_cost_the_other_table_its_batch(ch_db, ch_dsn, chdb_config, kafka, topic):
+def _routed(ch_db, ch_dsn, chdb_config, kafka, topic, **fmt: Any) -> tuple[Runtime, str, list[list[Any]]]:
+    """Tables a and b, 40 records of one partition routed to them in turn, and a runtime that has delivered the
+    first 10 of them; returns the runtime, the topic and the three batches."""
     client, db = ch_db
     for t in ("a", "b"):
         client.command(TABLE.format(db=db, t=t))
@@ -34,14 +38,26 @@ def test_a_stalled_table_does_not_cost_the_other_table_its_batch(ch_db, ch_dsn, 
         "name": f"mt-{db}", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [src]},
         "clickhouse": {"endpoints": [ch_dsn], "database": db, "tables": {"*": "a"}, "tableField": "table",
                        "chdbConfigFile": str(chdb_config)},
-        "state": {"keeperPath": f"/mt_{db}"}, "checkpointLocation": "/unused"})
+        "state": {"keeperPath": f"/mt_{db}"}, "checkpointLocation": "/unused", "format": fmt})
     store = state_store(cfg, client)
     store.ensure_schema()
     rt = Runtime(cfg, store.acquire_epoch(cfg.name), client, store, None)
+    batches = [read_range(cfg.kafka, src, 0, OffsetRange(lo, hi)) for lo, hi in ((0, 9), (10, 29), (30, 39))]
+    rt.process(src, 0, batches[0])  # both tables answer
+    return rt, src, batches
+
+
+def _each_once(client: Any, db: str) -> None:
+    for t, first in (("a", 0), ("b", 1)):
+        got = [r[0] for r in client.query(f"SELECT _offset FROM `{db}`.{t} ORDER BY _offset").result_rows]
+        assert got == list(range(first, 40, 2)), (t, got)
+
+
+def test_a_stalled_table_does_not_cost_the_other_table_its_batch(ch_db, ch_dsn, chdb_config, kafka, topic):
+    client, db = ch_db
+    rt, src, (_, batch1, batch2) = _routed(ch_db, ch_dsn, chdb_config, kafka, topic)
+    store, cfg = rt.store, rt.cfg
     rt.health.retry_interval_s = 0  # try the shard again at once when it is back
-    batch0, batch1, batch2 = (read_range(cfg.kafka, src, 0, OffsetRange(lo, hi)) for lo, hi in ((0, 9), (10, 29),
-                                                                                                 (30, 39)))
-    rt.process(src, 0, batch0)  # both tables answer
 
     client.command(f"DETACH TABLE `{db}`.a")  # table a's shard stops answering (past the inserter's retries)
     try:
@@ -57,9 +73,35 @@ def test_a_stalled_table_does_not_cost_the_other_table_its_batch(ch_db, ch_dsn, 
     assert rows["b"].state.range == OffsetRange(11, 29)
 
     rt.process(src, 0, batch2)  # table a is back: its BEFORE range is re-read; b goes on from where it was
-    for t, first in (("a", 0), ("b", 1)):
-        got = [r[0] for r in client.query(f"SELECT _offset FROM `{db}`.{t} ORDER BY _offset").result_rows]
-        assert got == list(range(first, 40, 2)), (t, got)
+    _each_once(client, db)
+
+
+@pytest.mark.parametrize("where", ["decoding", "adding columns"])
+def test_a_table_whose_records_cannot_be_read_yet_stalls_before_and_loses_nothing(ch_db, ch_dsn, chdb_config, kafka,
+                                                                                  topic, where):
+    """A schema registry that does not answer stalls a table as an unavailable shard does: its range is recorded
+    BEFORE first, so the next batch re-reads it, and the partition's other tables take their records. Read before
+    the range was recorded (to decode, or to find the columns to add), such a stall left the table's state below
+    a hole that the next batch's range landed above, or skipped the other tables."""
+    rt, src, (_, batch1, batch2) = _routed(ch_db, ch_dsn, chdb_config, kafka, topic,
+                                           addColumns=where == "adding columns")
+    ctx, read = rt.contexts["a"], rt.readers["a"]
+    decode = ctx.decode
+
+    def registry_down(m: Any) -> Any:  # where the registry's reader raises (runtime.waits_for_registry)
+        raise ShardUnavailableError(REGISTRY, "schema registry at http://127.0.0.1:9 did not answer")
+
+    ctx.decode = registry_down
+    if where == "adding columns":
+        rt.readers["a"] = registry_down
+    with pytest.raises(ShardUnavailableError):
+        rt.process(src, 0, batch1)
+    ctx.decode, rt.readers["a"] = decode, read
+    assert {r.pk.table: r.state.phase for r in rt.store.list_sink(rt.cfg.name)} == \
+        {"a": Phase.BEFORE, "b": Phase.AFTER}
+
+    rt.process(src, 0, batch2)  # the registry answers again
+    _each_once(*ch_db)
 
 
 def test_a_long_catch_up_is_read_a_micro_batch_at_a_time(ch_db, ch_dsn, chdb_config, kafka, topic, monkeypatch):
