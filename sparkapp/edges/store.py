@@ -271,7 +271,7 @@ class StateStore:
         rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(_q, [*keys, epoch_key]))})")}
         _fence(sink, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
         created = [self._row(k, "partition", sink=sink, topic=t, partition=p, target=READ_THROUGH,
-                             phase=Phase.AFTER.value, min_offset=at - 1, max_offset=at - 1, epoch=epoch)
+                             phase=Phase.AFTER.value, max_offset=at - 1, epoch=epoch)
                    for k, (t, p, at) in keys.items() if k not in rows]
         if created:
             try:
@@ -283,8 +283,7 @@ class StateStore:
         if old:
             last = ", ".join(f"toInt64({keys[k][2] - 1})" for k in old)
             values = f"transform(key, [{', '.join(map(_q, old))}], [{last}], max_offset)"
-            self._update(f"max_offset = greatest(max_offset, {values}), min_offset = greatest(min_offset, {values}), "
-                         f"epoch = {epoch}, updated_at = now64(3)",
+            self._update(f"max_offset = greatest(max_offset, {values}), epoch = {epoch}, updated_at = now64(3)",
                          f"key IN ({', '.join(map(_q, old))}) AND epoch <= {epoch}")
 
     def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0,

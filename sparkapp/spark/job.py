@@ -197,10 +197,6 @@ class SinkJob:
         self.epoch = 0
         self.starting: dict[str, dict[str, int]] = {}
         self.stalled: dict[tuple[str, int], int] = {}  # partition -> highest offset Spark handed over
-        # partition -> the offset below which this run handed every record to its table's writer, and what of it
-        # the state store has: routed sinks only (one table per partition is its own read-through)
-        self.read_through: dict[tuple[str, int], int] = {}
-        self.recorded: dict[tuple[str, int], int] = {}
         self.catch_up_every = 5.0
         # whether Spark's source reads the records' headers (it costs it some): for routing by header, or for a
         # table with a `_headers` column (a routed sink's tables are not known up front)
@@ -279,24 +275,17 @@ class SinkJob:
         """After a batch, each of its partitions is read through its last offset: Spark hands a partition's
         records over in batches that follow each other, each table's writer returned for every one of them
         (AFTER, or BEFORE where it stalled), and the run started where everything below was so. The store
-        keeps it, so that a restart does not go back to the last range of a table that got no records."""
+        keeps it (never lowering it), so that a restart does not go back to the last range of a table that got
+        no records; routed sinks only, since one table per partition is its own read-through."""
         if not (self.cfg.clickhouse.routed and self.cfg.state.enabled):
             return
-        for r in rows:
-            if r["upto"] >= 0:
-                tp = (r["topic"], r["partition"])
-                self.read_through[tp] = max(self.read_through.get(tp, 0), r["upto"] + 1)
-        changed = {tp: at for tp, at in self.read_through.items() if self.recorded.get(tp) != at}
+        positions = {(r["topic"], r["partition"]): r["upto"] + 1 for r in rows if r["upto"] >= 0}
         try:
-            self.writer.runtime().store.record_read_through(self.cfg.name, changed, self.epoch)
-        except FencedError:
-            raise
-        except Exception as e:
+            self.writer.runtime().store.record_read_through(self.cfg.name, positions, self.epoch)
+        except Exception as e:  # a fenced run is no transient: it stops
             if not worth_retrying(e):
                 raise
-            log.warning("read-through positions not recorded (the next batch tries again): %s", first_line(e))
-            return
-        self.recorded.update(changed)
+            log.warning("read-through positions not recorded (the next batch's are): %s", first_line(e))
 
     def account(self, rows: list[PartitionOutcome], batch_id: int, t0: float, detail: str = "") -> None:
         self._record_read_through(rows)
