@@ -1,4 +1,4 @@
-"""The benchmark harnesses (`python -m bench`, `bench.formats`, `bench.writer`)."""
+"""The benchmark harnesses (`python -m bench`, `bench.formats`, `bench.writer`, `bench.variants`)."""
 
 from __future__ import annotations
 

@@ -128,11 +128,12 @@ def jfr(profile: Path) -> Path:
 
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
             block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None,
-            dlq: str | None = None, key_shards: int = 0) -> dict[str, Any]:
+            dlq: str | None = None, key_shards: int = 0, spark_conf: dict[str, str] | None = None) -> dict[str, Any]:
     """(c)/(d): the real job (`python -m sparkapp run`) on its own chdb; (e)/(f) with `server`: over HTTP to
     that ClickHouse server, in a database of its own; until the topic is drained. `dlq`: bad records go there
     (the dirty-data runs). `key_shards`: rows routed by `user_id` over that many shards (a database each on
-    the same ClickHouse), each window split into per-shard sub-blocks."""
+    the same ClickHouse), each window split into per-shard sub-blocks. `spark_conf`: the job's `sparkConf` (a probe of
+    a Spark or JVM setting)."""
     chdb = work / "chdb"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -157,10 +158,7 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
            "batching": {"maxOffsetsPerTrigger": max_offsets, "blockOffsets": block_offsets,
                         "triggerInterval": "0 seconds"},
            "checkpointLocation": str(work / "checkpoint"), **({"dlq": {"topic": dlq}} if dlq else {}),
-           # with a profile, Java Flight Recorder samples the driver JVM too (written when the JVM exits)
-           **({"sparkConf": {"spark.driver.extraJavaOptions": f"-XX:StartFlightRecording=filename={jfr(profile)},"
-                                                                 "settings=profile,dumponexit=true"}}
-              if profile else {})}
+           "sparkConf": _spark_conf(spark_conf or {}, profile)}
     (work / "sink.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = work / "job.log"
@@ -208,6 +206,16 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
                                   for k, s in others.items() if s is not None}},
             "path": "http, executors" if server else "embedded chdb, driver",
             "max_offsets_per_trigger": max_offsets}
+
+
+def _spark_conf(conf: dict[str, str], profile: Path | None) -> dict[str, str]:
+    """The job's sparkConf; with a profile, Java Flight Recorder samples the driver JVM too (written when the JVM
+    exits), next to the driver's own options."""
+    if profile is None:
+        return dict(conf)
+    key = "spark.driver.extraJavaOptions"
+    rec = f"-XX:StartFlightRecording=filename={jfr(profile)},settings=profile,dumponexit=true"
+    return {**conf, key: f"{conf.get(key, '')} {rec}".strip()}
 
 
 PEERS = {"g": "ClickHouse Kafka Connect sink, exactlyOnce=true (KeeperMap)",

@@ -10,6 +10,7 @@ from typing import Any
 from ..config import CHECKPOINT_ENTRIES, CHECKPOINT_MARKER, ConfigError, SinkConfig, with_jvm_defaults
 
 log = logging.getLogger("chsink.job")
+DIRECT_RESULT_MAX = "64m"
 
 
 def session_conf(cfg: SinkConfig) -> dict[str, str]:
@@ -24,6 +25,12 @@ def session_conf(cfg: SinkConfig) -> dict[str, str]:
     # client's with a stack walk for its location, and then dropped by the console's WARN threshold: CPU the
     # driver JVM spends per batch for nothing. `sparkConf` can set it back to INFO.
     conf.setdefault("spark.log.level", "WARN")
+    # On the driver path each task's result is a Kafka partition's share of the batch as Arrow, ~10 MB. Above
+    # Spark's default of 1 MB a result is stored in the executor's block manager and fetched back from it, even
+    # where the executor is the driver's own JVM (local mode): one more copy of every row and more garbage. Up
+    # to this size it goes to the driver with the task's status instead, well under the RPC message limit
+    # (`spark.rpc.message.maxSize`, 128 MB, which Spark also bounds it by).
+    conf.setdefault("spark.task.maxDirectResultSize", DIRECT_RESULT_MAX)
     if not os.environ.get("SPARK_ENV_LOADED") and "spark.jars" not in conf:  # launched by spark-submit: its job
         jars = kafka_connector_jars(conf)
         if jars:

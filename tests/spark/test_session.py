@@ -1,6 +1,8 @@
 """The job's Spark session: Spark's and the Kafka client's INFO logging off unless the user's sparkConf asks for it
-(each INFO line is built, and the Kafka client's located by a stack walk, before the console drops it), and its
-driver JVM on the throughput collector unless the user's sparkConf names another."""
+(each INFO line is built, and the Kafka client's located by a stack walk, before the console drops it), its
+driver JVM on the throughput collector unless the user's sparkConf names another, and a task's result of a few
+MB (a Kafka partition's share of a micro-batch as Arrow) handed to the driver directly, not stored in the block
+manager and fetched back from it, unless the user's sparkConf bounds it."""
 
 from __future__ import annotations
 
@@ -22,8 +24,13 @@ jvm = spark.sparkContext._jvm
 levels = {name: str(jvm.org.apache.logging.log4j.LogManager.getLogger(name).getLevel())
           for name in ("", "org.apache.kafka.clients.consumer.internals.SubscriptionState")}
 collectors = sorted(str(b.getName()) for b in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans())
+# two tasks of ~3 MB of Arrow each, as toArrow hands a micro-batch to the driver; the executor says how each
+# result went (at INFO, on stderr)
+jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+    "org.apache.spark.executor.Executor", jvm.org.apache.logging.log4j.Level.INFO)
+rows = spark.range(0, 4, 1, 2).selectExpr("repeat('x', 1500000) AS v").toArrow().num_rows
 spark.stop()
-print("JVM " + json.dumps({"levels": levels, "collectors": collectors}))
+print("JVM " + json.dumps({"levels": levels, "collectors": collectors, "rows": rows}))
 """
 
 
@@ -34,6 +41,9 @@ def _driver_jvm(spark_conf: dict[str, str]) -> dict[str, object]:
     assert res.returncode == 0, res.stderr[-3000:]
     line = next(x for x in res.stdout.splitlines() if x.startswith("JVM "))
     out: dict[str, object] = json.loads(line[len("JVM "):])
+    sent = [x for x in res.stderr.splitlines() if "bytes result sent" in x]
+    assert out["rows"] == 4 and len(sent) == 2, res.stderr[-3000:]
+    out["results_via_block_manager"] = sum("via BlockManager" in x for x in sent)
     return out
 
 
@@ -41,6 +51,9 @@ def test_spark_and_kafka_client_log_at_warn_and_the_driver_jvm_runs_parallel_gc_
     default = _driver_jvm({})
     assert set(default["levels"].values()) == {"WARN"}, default  # the root and a Kafka client logger that logs every seek
     assert default["collectors"] == ["PS MarkSweep", "PS Scavenge"], default  # the throughput collector's two
-    asked = _driver_jvm({"spark.log.level": "INFO", "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"})
+    assert default["results_via_block_manager"] == 0, default  # Spark's default (1 MB) sends both through it
+    asked = _driver_jvm({"spark.log.level": "INFO", "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
+                         "spark.task.maxDirectResultSize": "1m"})
     assert set(asked["levels"].values()) == {"INFO"}, asked
     assert asked["collectors"] == ["Copy", "MarkSweepCompact"], asked  # the user's collector, alone
+    assert asked["results_via_block_manager"] == 2, asked  # the user's bound, kept

@@ -1,0 +1,87 @@
+"""(c), the exactly-once job on the embedded path, run with variants of its `sparkConf`, alternated on one data set:
+a setting of Spark or of its JVM measured side by side with the job's defaults, not across two full runs.
+
+    python -m bench.variants '{"default": {}, "direct1m": {"spark.task.maxDirectResultSize": "1m"}}' \\
+        [--reps 4] [--events 2400000] [--name direct-results]
+
+Each variant runs `--reps` times; the order is reversed every other rep, so that no variant always follows the
+same one. Per run: rows/s and CPU per row over the steady batches, as `python -m bench` measures (c), peak RSS,
+and the driver JVM's garbage collection over the whole run (`-Xlog:gc`: pauses, their total, full collections).
+Writes results/<date>-<name>.json (a probe: no test asserts a figure)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hack.testbed import Kafka
+from hack.testbed.process import REPO
+
+from . import publish
+from .__main__ import run_job
+from .data import produce
+
+JVM_OPTIONS = "spark.driver.extraJavaOptions"
+PAUSE = re.compile(r"Pause (Young|Full) .* ([\d.]+)ms$", re.M)
+
+
+def gc_summary(log: str) -> dict[str, Any]:
+    """Pauses, their total ms and the full collections in a `-Xlog:gc` log."""
+    pauses = PAUSE.findall(log)
+    return {"pauses": len(pauses), "pause_ms": round(sum(float(ms) for _, ms in pauses)),
+            "full": sum(kind == "Full" for kind, _ in pauses)}
+
+
+def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, conf: dict[str, str]) -> dict[str, Any]:
+    gc_log = work.with_suffix(".gc.log")
+    with_log = {**conf, JVM_OPTIONS: f"{conf.get(JVM_OPTIONS, '')} -Xlog:gc:file={gc_log}".strip()}
+    r = run_job(work, kafka, topic, n, a.batch, True, a.block, spark_conf=with_log)
+    rate = r["rows_per_s"]
+    return {"rows_per_s": round(rate), "batch_p50_s": r["batch_p50_s"], "peak_rss": r["peak_rss"],
+            "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()},
+            "gc": gc_summary(gc_log.read_text())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
+    ap.add_argument("variants", help='JSON: {"name": {sparkConf}, ...}; names are identifiers')
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--events", type=int, default=2_400_000)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")
+    ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
+    ap.add_argument("--name", default="variants", help="the results file: results/<date>-<name>.json")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    a = ap.parse_args(argv)
+    variants: dict[str, dict[str, str]] = json.loads(a.variants)
+    if bad := [v for v in variants if not v.isidentifier()]:
+        ap.error(f"variant names must be identifiers (they name databases): {bad}")
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="chsink-variants-") as tmp, Kafka(Path(tmp) / "kafka") as kafka:
+        assert isinstance(kafka, Kafka)
+        kafka.create_topic("bench", a.partitions)
+        produce(kafka.bootstrap, "bench", a.events, a.partitions)
+        for rep in range(a.reps):
+            for name in (list(variants) if rep % 2 == 0 else list(reversed(variants))):
+                res = {"variant": name, "rep": rep,
+                       **one(Path(tmp) / f"{name}_{rep}", kafka, "bench", a.events, a, variants[name])}
+                print(json.dumps(res), file=sys.stderr, flush=True)
+                runs.append(res)
+    medians = {name: {"rows_per_s": statistics.median(r["rows_per_s"] for r in runs if r["variant"] == name),
+                      "driver_jvm_us_per_row": statistics.median(r["us_per_row"].get("driver_jvm", 0.0)
+                                                                 for r in runs if r["variant"] == name)}
+               for name in variants}
+    return publish({"date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions,
+                    "max_offsets_per_trigger": a.batch, "block_offsets": a.block, "variants": variants,
+                    "medians": medians, "runs": runs}, a.out, a.name)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
