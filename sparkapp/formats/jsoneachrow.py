@@ -11,6 +11,7 @@ neighbours stay on this path (delivery/sift.py).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -320,7 +321,6 @@ class LineBatch:
 
     def windows(self, rng: OffsetRange, block_offsets: int) -> list[tuple[OffsetRange, tuple[int, ...], Any]]:
         """(window, offsets, lines) of the range's windows that hold lines; records without one left out."""
-        import numpy as np
         import pyarrow.compute as pc
 
         out = []
@@ -330,7 +330,7 @@ class LineBatch:
             if lines.null_count:
                 keep = pc.is_valid(lines)
                 lines = lines.filter(keep)
-                offsets = np.asarray(offsets)[keep.to_numpy(zero_copy_only=False)].tolist()
+                offsets = list(itertools.compress(offsets, keep.to_numpy(zero_copy_only=False).tolist()))
             if len(lines):
                 out.append((w, tuple(offsets), lines))
         return out
