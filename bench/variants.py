@@ -2,12 +2,16 @@
 a setting of Spark or of its JVM measured side by side with the job's defaults, not across two full runs.
 
     python -m bench.variants '{"default": {}, "direct1m": {"spark.task.maxDirectResultSize": "1m"}}' \\
-        [--reps 4] [--events 2400000] [--name direct-results]
+        [--reps 4] [--events 2400000] [--dirty 0.005] [--name direct-results]
 
 Each variant runs `--reps` times; the order is reversed every other rep, so that no variant always follows the
 same one. Per run: rows/s and CPU per row over the steady batches, as `python -m bench` measures (c), peak RSS,
 and the driver JVM's garbage collection over the whole run (`-Xlog:gc`: pauses, their total, full collections).
-Writes results/<date>-<name>.json (a probe: no test asserts a figure)."""
+With `--dirty F` each run is followed by one on a second topic of the same events with a share F of bad records
+(those of `python -m bench`, dead-lettered), and the rep's dirty/clean ratio. Writes results/<date>-<name>.json
+(a probe: no test asserts a figure).
+
+To compare two commits, run the same command in a worktree of each, one after the other."""
 
 from __future__ import annotations
 
@@ -39,14 +43,24 @@ def gc_summary(log: str) -> dict[str, Any]:
             "full": sum(kind == "Full" for kind, _ in pauses)}
 
 
-def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, conf: dict[str, str]) -> dict[str, Any]:
+def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, conf: dict[str, str],
+        dlq: str | None = None) -> dict[str, Any]:
     gc_log = work.with_suffix(".gc.log")
     with_log = {**conf, JVM_OPTIONS: f"{conf.get(JVM_OPTIONS, '')} -Xlog:gc:file={gc_log}".strip()}
-    r = run_job(work, kafka, topic, n, a.batch, True, a.block, spark_conf=with_log)
+    r = run_job(work, kafka, topic, n, a.batch, True, a.block, spark_conf=with_log, dlq=dlq)
     rate = r["rows_per_s"]
     return {"rows_per_s": round(rate), "batch_p50_s": r["batch_p50_s"], "peak_rss": r["peak_rss"],
             "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()},
             "gc": gc_summary(gc_log.read_text())}
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    out = {"rows_per_s": statistics.median(r["rows_per_s"] for r in runs),
+           "driver_jvm_us_per_row": statistics.median(r["us_per_row"].get("driver_jvm", 0.0) for r in runs)}
+    if runs and "dirty" in runs[0]:
+        out["dirty_rows_per_s"] = statistics.median(r["dirty"]["rows_per_s"] for r in runs)
+        out["ratio_dirty_clean"] = statistics.median(r["ratio_dirty_clean"] for r in runs)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")
     ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
+    ap.add_argument("--dirty", type=float, default=0.0, help="also run each on a topic with this share of bad records")
     ap.add_argument("--name", default="variants", help="the results file: results/<date>-<name>.json")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
@@ -68,17 +83,23 @@ def main(argv: list[str] | None = None) -> int:
         assert isinstance(kafka, Kafka)
         kafka.create_topic("bench", a.partitions)
         produce(kafka.bootstrap, "bench", a.events, a.partitions)
+        if a.dirty:
+            kafka.create_topic("bench-dirty", a.partitions)
+            kafka.create_topic("bench-dlq", 1)
+            produce(kafka.bootstrap, "bench-dirty", a.events, a.partitions, dirty=a.dirty)
         for rep in range(a.reps):
             for name in (list(variants) if rep % 2 == 0 else list(reversed(variants))):
                 res = {"variant": name, "rep": rep,
                        **one(Path(tmp) / f"{name}_{rep}", kafka, "bench", a.events, a, variants[name])}
+                if a.dirty:
+                    res["dirty"] = one(Path(tmp) / f"{name}_{rep}_dirty", kafka, "bench-dirty", a.events, a,
+                                       variants[name], dlq="bench-dlq")
+                    res["ratio_dirty_clean"] = round(res["dirty"]["rows_per_s"] / res["rows_per_s"], 3)
                 print(json.dumps(res), file=sys.stderr, flush=True)
                 runs.append(res)
-    medians = {name: {"rows_per_s": statistics.median(r["rows_per_s"] for r in runs if r["variant"] == name),
-                      "driver_jvm_us_per_row": statistics.median(r["us_per_row"].get("driver_jvm", 0.0)
-                                                                 for r in runs if r["variant"] == name)}
-               for name in variants}
+    medians = {name: _medians([r for r in runs if r["variant"] == name]) for name in variants}
     return publish({"date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions,
+                    "dirty_share": a.dirty,
                     "max_offsets_per_trigger": a.batch, "block_offsets": a.block, "variants": variants,
                     "medians": medians, "runs": runs}, a.out, a.name)
 
