@@ -208,14 +208,19 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
             "max_offsets_per_trigger": max_offsets}
 
 
+def with_driver_option(conf: dict[str, str], option: str) -> dict[str, str]:
+    """`conf` (a job's sparkConf) with one more option for the driver JVM, after its own."""
+    key = "spark.driver.extraJavaOptions"
+    return {**conf, key: f"{conf.get(key, '')} {option}".strip()}
+
+
 def _spark_conf(conf: dict[str, str], profile: Path | None) -> dict[str, str]:
     """The job's sparkConf; with a profile, Java Flight Recorder samples the driver JVM too (written when the JVM
-    exits), next to the driver's own options."""
+    exits)."""
     if profile is None:
         return dict(conf)
-    key = "spark.driver.extraJavaOptions"
-    rec = f"-XX:StartFlightRecording=filename={jfr(profile)},settings=profile,dumponexit=true"
-    return {**conf, key: f"{conf.get(key, '')} {rec}".strip()}
+    return with_driver_option(conf, f"-XX:StartFlightRecording=filename={jfr(profile)},settings=profile,"
+                                     "dumponexit=true")
 
 
 PEERS = {"g": "ClickHouse Kafka Connect sink, exactlyOnce=true (KeeperMap)",

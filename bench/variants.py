@@ -29,10 +29,9 @@ from hack.testbed import Kafka
 from hack.testbed.process import REPO
 
 from . import publish
-from .__main__ import run_job
+from .__main__ import run_job, with_driver_option
 from .data import produce
 
-JVM_OPTIONS = "spark.driver.extraJavaOptions"
 PAUSE = re.compile(r"Pause (Young|Full) .* ([\d.]+)ms$", re.M)
 
 
@@ -46,18 +45,18 @@ def gc_summary(log: str) -> dict[str, Any]:
 def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, conf: dict[str, str],
         dlq: str | None = None) -> dict[str, Any]:
     gc_log = work.with_suffix(".gc.log")
-    with_log = {**conf, JVM_OPTIONS: f"{conf.get(JVM_OPTIONS, '')} -Xlog:gc:file={gc_log}".strip()}
-    r = run_job(work, kafka, topic, n, a.batch, True, a.block, spark_conf=with_log, dlq=dlq)
+    r = run_job(work, kafka, topic, n, a.batch, True, a.block, dlq=dlq,
+                spark_conf=with_driver_option(conf, f"-Xlog:gc:file={gc_log}"))
     rate = r["rows_per_s"]
     return {"rows_per_s": round(rate), "batch_p50_s": r["batch_p50_s"], "peak_rss": r["peak_rss"],
             "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()},
             "gc": gc_summary(gc_log.read_text())}
 
 
-def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+def _medians(runs: list[dict[str, Any]], dirty: bool) -> dict[str, float]:
     out = {"rows_per_s": statistics.median(r["rows_per_s"] for r in runs),
            "driver_jvm_us_per_row": statistics.median(r["us_per_row"].get("driver_jvm", 0.0) for r in runs)}
-    if runs and "dirty" in runs[0]:
+    if dirty:
         out["dirty_rows_per_s"] = statistics.median(r["dirty"]["rows_per_s"] for r in runs)
         out["ratio_dirty_clean"] = statistics.median(r["ratio_dirty_clean"] for r in runs)
     return out
@@ -80,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"variant names must be identifiers (they name databases): {bad}")
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="chsink-variants-") as tmp, Kafka(Path(tmp) / "kafka") as kafka:
-        assert isinstance(kafka, Kafka)
         kafka.create_topic("bench", a.partitions)
         produce(kafka.bootstrap, "bench", a.events, a.partitions)
         if a.dirty:
@@ -97,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                     res["ratio_dirty_clean"] = round(res["dirty"]["rows_per_s"] / res["rows_per_s"], 3)
                 print(json.dumps(res), file=sys.stderr, flush=True)
                 runs.append(res)
-    medians = {name: _medians([r for r in runs if r["variant"] == name]) for name in variants}
+    medians = {name: _medians([r for r in runs if r["variant"] == name], bool(a.dirty)) for name in variants}
     return publish({"date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions,
                     "dirty_share": a.dirty,
                     "max_offsets_per_trigger": a.batch, "block_offsets": a.block, "variants": variants,
