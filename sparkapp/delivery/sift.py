@@ -39,27 +39,36 @@ class Sifted:
 
 def sift_range(windows: Sequence[tuple[OffsetRange, tuple[int, ...], Any]], guard: Guard, *, decode: Decoder,
                take: Callable[[Sequence[int]], list[Message]]) -> tuple[list[Sifted], list[DeadLetter]]:
-    """The range's windows without the lines the decoder dead-letters among those the Guard flags (suspect or
-    likely refused), and those dead letters: one decode of every flagged line of the range, before anything
-    is sent. A window whose suspect line the decoder keeps takes the decoder whole."""
+    """The range's windows without their records that have no line (null: dead-lettered up front) and without
+    the lines the decoder dead-letters among those the Guard flags (suspect or likely refused), and those dead
+    letters: one decode of every flagged line of the range, before anything is sent. A window whose suspect
+    line the decoder keeps takes the decoder whole. A window loses all of them in one filter, one copy."""
     hits = [guard.hits(lines) for _, _, lines in windows]
     picked = [offsets[i] for (_, offsets, _), (suspect, refusing) in zip(windows, hits, strict=True)
               for i in (*suspect, *refusing)]
-    if not picked:
-        return [Sifted(w, offsets, lines) for w, offsets, lines in windows], []
-    rows, dead = decode_batch(decode, take(picked))
+    rows, dead = decode_batch(decode, take(picked)) if picked else ([], [])
     kept, gone = {r[0] for r in rows}, {d.message.offset for d in dead}
     out = []
     for (w, offsets, lines), (suspect, refusing) in zip(windows, hits, strict=True):
         if any(offsets[i] in kept for i in suspect):
             out.append(Sifted(w, offsets, lines, decoder=True))
             continue
-        drop = [i for i in (*suspect, *refusing) if offsets[i] in gone]
+        drop = [*nulls(lines), *(i for i in (*suspect, *refusing) if offsets[i] in gone)]
         if drop:
             offsets, lines = without(offsets, lines, drop)
         if offsets:
             out.append(Sifted(w, offsets, lines))
     return out, list(dead)
+
+
+def nulls(lines: Any) -> list[int]:
+    """The indexes of a window's records without a line (dead-lettered up front, see LineBatch.odd)."""
+    if not lines.null_count:
+        return []
+    import numpy as np
+    import pyarrow.compute as pc
+
+    return np.flatnonzero(pc.is_null(lines).to_numpy(zero_copy_only=False)).tolist()
 
 
 def without(offsets: tuple[int, ...], lines: Any, drop: Sequence[int]) -> tuple[tuple[int, ...], Any]:

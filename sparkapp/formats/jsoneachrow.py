@@ -11,7 +11,6 @@ neighbours stay on this path (delivery/sift.py).
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
     text = value.view(pa.string()) if pa.types.is_binary(value.type) else value
     framed = pc.fill_null(pc.and_(pc.starts_with(text, "{"), pc.ends_with(text, "}")), False)
     body = text
-    if not pc.all(framed).as_py():  # trimming copies: rarely
+    if not pc.all(framed).as_py() and _padded(text.filter(pc.invert(framed))):  # trimming copies: rarely
         body = pc.ascii_trim(text, " \t\r\n")
         framed = pc.fill_null(pc.and_(pc.starts_with(body, "{"), pc.ends_with(body, "}")), False)
     ok = pc.fill_null(pc.and_(framed, pc.less_equal(pc.binary_length(value), max_bytes)), False)
@@ -90,6 +89,15 @@ def build_lines(tbl: Any, schema_columns: Sequence[str], max_bytes: int) -> Any:
         rest = pc.if_else(empty, "}", rest)
     line = pc.binary_join_element_wise(*parts, rest, "\n", "")  # one pass, one allocation
     return _unless(ok, line)
+
+
+def _padded(values: Any) -> bool:
+    """Whether a value begins or ends with JSON whitespace. Asked of the values not framed by braces only: a framed
+    one has none to trim, so when no other has any, trimming (a copy of every value) would change nothing; a
+    batch with bad records, which are seldom padded, then keeps its values as they are."""
+    import pyarrow.compute as pc
+
+    return bool(pc.any(pc.match_substring_regex(values, r"^[ \t\r\n]|[ \t\r\n]$")).as_py())
 
 
 def _header_parts(tbl: Any) -> Any:
@@ -226,8 +234,10 @@ def _matching(lines: Any, pattern: str) -> list[int]:
 
     if not pattern:
         return []
-    hits = pc.match_substring_regex(lines, pattern).to_numpy(zero_copy_only=False)
-    return [int(i) for i in np.flatnonzero(hits)]
+    hits = pc.match_substring_regex(lines, pattern)
+    if hits.null_count:  # a record without a line matches nothing
+        hits = pc.fill_null(hits, False)
+    return [int(i) for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False))]
 
 
 # top-level column types whose JSON text ClickHouse refuses unless it reads as a number
@@ -320,17 +330,11 @@ class LineBatch:
         return self.take([int(o) for o in np.asarray(self.offsets)[missing]])
 
     def windows(self, rng: OffsetRange, block_offsets: int) -> list[tuple[OffsetRange, tuple[int, ...], Any]]:
-        """(window, offsets, lines) of the range's windows that hold lines; records without one left out."""
-        import pyarrow.compute as pc
-
+        """(window, offsets, lines) of the range's windows that hold records, slices of the batch: a record
+        without a line is still there as a null, which the window's sifting drops along with its bad lines
+        (one copy of the lines, not one for each)."""
         out = []
         for w, i, j in window_slices(self.offsets, cut_windows(rng, block_offsets)):
-            lines = self.lines.slice(i, j - i)
-            offsets = self.offsets[i:j]  # Python ints: no per-element conversion on the common path
-            if lines.null_count:
-                keep = pc.is_valid(lines)
-                lines = lines.filter(keep)
-                offsets = list(itertools.compress(offsets, keep.to_numpy(zero_copy_only=False).tolist()))
-            if len(lines):
-                out.append((w, tuple(offsets), lines))
+            # offsets as Python ints: no per-element conversion on the common path
+            out.append((w, tuple(self.offsets[i:j]), self.lines.slice(i, j - i)))
         return out

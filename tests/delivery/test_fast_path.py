@@ -106,6 +106,11 @@ def test_built_lines_equal_the_plain_reference(ch_db):
     assert got[-1] is None and got[-2] is not None  # over maxMessageBytes: decoded (and dead-lettered)
     assert build_lines(messages_table(msgs[:3]), ("id",), 1 << 20).to_pylist() == [
         m.value.decode().strip() + "\n" for m in msgs[:3]]
+    # bad records none of which is padded (the values are left untrimmed), and a padded one among them
+    for extra in ([b"[1,2]", b"{broken", None], [b"[1,2]", b"{broken", b' {"a": 3}'], [b"{broken", b"{}\n"],
+                  [b"[1]", b"\n"]):
+        odd = [*msgs[:20], *(Message("src", 0, 950 + i, v) for i, v in enumerate(extra))]
+        assert build_lines(messages_table(odd), names, 1 << 20).to_pylist() == reference_lines(odd, names).to_pylist()
 
 
 def test_bad_records_are_dead_lettered_once_with_the_decoders_reason_and_the_rest_lands(ch_db, kafka, topic):
