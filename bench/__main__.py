@@ -128,12 +128,13 @@ def jfr(profile: Path) -> Path:
 
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
             block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None,
-            dlq: str | None = None, key_shards: int = 0, spark_conf: dict[str, str] | None = None) -> dict[str, Any]:
+            dlq: str | None = None, key_shards: int = 0, spark_conf: dict[str, str] | None = None,
+            source_options: dict[str, str] | None = None) -> dict[str, Any]:
     """(c)/(d): the real job (`python -m sparkapp run`) on its own chdb; (e)/(f) with `server`: over HTTP to
     that ClickHouse server, in a database of its own; until the topic is drained. `dlq`: bad records go there
     (the dirty-data runs). `key_shards`: rows routed by `user_id` over that many shards (a database each on
     the same ClickHouse), each window split into per-shard sub-blocks. `spark_conf`: the job's `sparkConf` (a probe of
-    a Spark or JVM setting)."""
+    a Spark or JVM setting); `source_options`: its `kafka.sourceOptions` (one of Spark's Kafka source)."""
     chdb = work / "chdb"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -150,7 +151,8 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
         for stmt in ddl:
             client.command(stmt)
     endpoint = server.dsn if server else f"chdb://{chdb}"
-    cfg = {"name": f"bench-{work.name}", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [topic]},
+    cfg = {"name": f"bench-{work.name}", "kafka": {"bootstrapServers": kafka.bootstrap, "topics": [topic],
+                                                   **({"sourceOptions": source_options} if source_options else {})},
            "clickhouse": {"endpoints": [endpoint] * len(dbs), "database": dbs[0], "tables": {topic: "events"},
                           **({"shardDatabases": dbs} if key_shards else {})},
            **({"sharding": {"policy": "key", "key": "user_id"}} if key_shards else {}),

@@ -1,8 +1,10 @@
-"""(c), the exactly-once job on the embedded path, run with variants of its `sparkConf`, alternated on one data set:
-a setting of Spark or of its JVM measured side by side with the job's defaults, not across two full runs.
+"""(c), the exactly-once job on the embedded path, run with variants of its `sparkConf` (or of its Kafka source's
+`sourceOptions`), alternated on one data set: a setting of Spark, of its JVM or of its Kafka consumers measured
+side by side with the job's defaults, not across two full runs.
 
     python -m bench.variants '{"default": {}, "direct1m": {"spark.task.maxDirectResultSize": "1m"}}' \\
         [--reps 4] [--events 2400000] [--dirty 0.005] [--name direct-results]
+    python -m bench.variants '{"default": {}, "wait500": {"sourceOptions": {"kafka.fetch.max.wait.ms": "500"}}}'
 
 Each variant runs `--reps` times; the order is reversed every other rep, so that no variant always follows the
 same one. Per run: rows/s and CPU per row over the steady batches, as `python -m bench` measures (c), peak RSS,
@@ -32,6 +34,7 @@ from . import publish
 from .__main__ import run_job, with_driver_option
 from .data import produce
 
+VARIANT_KEYS = {"sparkConf", "sourceOptions"}  # a variant of the job's Kafka source options as well
 PAUSE = re.compile(r"Pause (Young|Full) .* ([\d.]+)ms$", re.M)
 
 
@@ -42,11 +45,15 @@ def gc_summary(log: str) -> dict[str, Any]:
             "full": sum(kind == "Full" for kind, _ in pauses)}
 
 
-def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, conf: dict[str, str],
+def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, conf: dict[str, Any],
         dlq: str | None = None) -> dict[str, Any]:
+    """One run of (c) with a variant: its sparkConf, or {"sparkConf": {...}, "sourceOptions": {...}}."""
     gc_log = work.with_suffix(".gc.log")
+    split = bool(conf) and set(conf) <= VARIANT_KEYS
     r = run_job(work, kafka, topic, n, a.batch, True, a.block, dlq=dlq,
-                spark_conf=with_driver_option(conf, f"-Xlog:gc:file={gc_log}"))
+                spark_conf=with_driver_option(conf.get("sparkConf", {}) if split else conf,
+                                              f"-Xlog:gc:file={gc_log}"),
+                source_options=conf.get("sourceOptions") if split else None)
     rate = r["rows_per_s"]
     return {"rows_per_s": round(rate), "batch_p50_s": r["batch_p50_s"], "peak_rss": r["peak_rss"],
             "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()},
@@ -64,7 +71,8 @@ def _medians(runs: list[dict[str, Any]], dirty: bool) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
-    ap.add_argument("variants", help='JSON: {"name": {sparkConf}, ...}; names are identifiers')
+    ap.add_argument("variants", help='JSON: {"name": {sparkConf}, ...} or {"name": {"sparkConf": {...}, '
+                                     '"sourceOptions": {...}}, ...}; names are identifiers')
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--events", type=int, default=2_400_000)
     ap.add_argument("--partitions", type=int, default=8)
@@ -74,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="variants", help="the results file: results/<date>-<name>.json")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
-    variants: dict[str, dict[str, str]] = json.loads(a.variants)
+    variants: dict[str, dict[str, Any]] = json.loads(a.variants)
     if bad := [v for v in variants if not v.isidentifier()]:
         ap.error(f"variant names must be identifiers (they name databases): {bad}")
     runs: list[dict[str, Any]] = []
