@@ -12,27 +12,35 @@ cannot separate, both running in one driver):
   alone (near 1: the insert lets go of the GIL), and the batch's lines inserted in two halves on two threads
   against one after the other: what overlapping partitions on threads could give.
 
+With `--dirty F` each batch is followed by the same events with a share F of bad records (those of `python -m
+bench`) on a topic of their own, dead-lettered to a real Kafka broker: `deliver_all_dirty`, and the CPU per row
+dirty data adds to the writer, batch by batch beside the clean one.
+
 `python -m bench.writer` prints one JSON object and writes bench/results/<date>-writer.json."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import itertools
 import random
 import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from hack.testbed import Kafka
 from hack.testbed.process import REPO
 
 from . import publish
 from .data import TABLE, encoded
 
 
-def spark_batch(values: list[bytes], partitions: int, first_offset: int) -> Any:
+def spark_batch(values: list[bytes], partitions: int, first_offset: int, topic: str = "bench") -> Any:
     """A micro-batch as the job's `toArrow()` hands it over: the job's columns, each Kafka partition's rows
     together and offset-ordered."""
     import pyarrow as pa
@@ -40,7 +48,7 @@ def spark_batch(values: list[bytes], partitions: int, first_offset: int) -> Any:
     per = len(values) // partitions
     n = per * partitions
     return pa.table({
-        "topic": pa.array(["bench"] * n), "partition": pa.array([p for p in range(partitions) for _ in range(per)],
+        "topic": pa.array([topic] * n), "partition": pa.array([p for p in range(partitions) for _ in range(per)],
                                                                   pa.int32()),
         "offset": pa.array([first_offset + j for _ in range(partitions) for j in range(per)], pa.int64()),
         "key": pa.array([None] * n, pa.binary()), "value": pa.array(values[:n], pa.binary()),
@@ -82,94 +90,121 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=400_000, help="records per batch")
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batches", type=int, default=4, help="the first warms up and is left out")
+    ap.add_argument("--dirty", type=float, default=0.0, help="also deliver each batch with this share of bad records")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="chsink-writer-"))
+        kafka = stack.enter_context(Kafka(Path(tmp) / "kafka")) if a.dirty else None
+        return _run(a, tmp, kafka)
 
+
+def _deliveries(deliver: list[tuple[float, float]], rows: int) -> dict[str, Any]:
+    """rows/s and CPU of the steady batches' deliveries ((wall, CPU) seconds each; the first warms up)."""
+    steady = deliver[1:] or deliver
+    return {"rows_per_s": round(rows * len(steady) / sum(w for w, _ in steady)),
+            "wall_s_per_batch": round(statistics.median(w for w, _ in steady), 3),
+            "cpu_s_per_batch": round(statistics.median(c for _, c in steady), 3),
+            "cpu_us_per_row": round(sum(c for _, c in steady) * 1e6 / (rows * len(steady)), 3)}
+
+
+def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
     from sparkapp.config import SinkConfig
     from sparkapp.core.blocks import payload
     from sparkapp.delivery.runtime import Runtime
     from sparkapp.edges.clickhouse import clickhouse_client
+    from sparkapp.edges.dlq import KafkaDeadLetterSink
     from sparkapp.edges.store import state_store
     from sparkapp.formats.jsoneachrow import build_lines, guard
     from sparkapp.spark.batches import deliver_all, partition_slices
 
-    rnd = random.Random(7)  # the events `python -m bench` produces
     per_batch = a.events // a.partitions * a.partitions
-    batches = [spark_batch([encoded(rnd, b * per_batch + i) for i in range(per_batch)], a.partitions,
-                           b * (per_batch // a.partitions)) for b in range(a.batches)]
-    with tempfile.TemporaryDirectory(prefix="chsink-writer-") as tmp:
-        cfg = SinkConfig.model_validate({
-            "name": "bench-writer", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["bench"]},
-            "clickhouse": {"endpoints": [f"chdb://{tmp}/chdb"], "database": "bench", "tables": {"bench": "events"}},
-            "state": {"engine": "EmbeddedRocksDB", "enabled": True},
-            "batching": {"maxOffsetsPerTrigger": per_batch}, "checkpointLocation": f"{tmp}/checkpoint"})
-        client = clickhouse_client(cfg.clickhouse)
-        client.command("CREATE DATABASE IF NOT EXISTS bench")
-        for table in ("events", "stages"):
-            client.command(TABLE.format(db="bench", table=table))
-        client.command("CREATE TABLE bench.parse AS bench.events ENGINE = Null")
-        store = state_store(cfg, client)
-        store.ensure_schema()
-        rt = Runtime(cfg, store.acquire_epoch(cfg.name, owner="bench-writer"), client, store, None)
 
-        deliver: list[tuple[float, float]] = []  # (wall, CPU) seconds per batch
-        for tbl in batches:
+    def events(dirty: float, topic: str) -> list[Any]:
+        rnd = random.Random(7)  # the events `python -m bench` produces
+        return [spark_batch([encoded(rnd, b * per_batch + i, dirty) for i in range(per_batch)], a.partitions,
+                            b * (per_batch // a.partitions), topic) for b in range(a.batches)]
+
+    batches = events(0.0, "bench")
+    dirty = events(a.dirty, "bench-dirty") if kafka is not None else []
+    cfg = SinkConfig.model_validate({
+        "name": "bench-writer", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["bench", "bench-dirty"]},
+        "clickhouse": {"endpoints": [f"chdb://{tmp}/chdb"], "database": "bench",
+                       "tables": {"bench": "events", "bench-dirty": "dirty"}},
+        "state": {"engine": "EmbeddedRocksDB", "enabled": True},
+        "batching": {"maxOffsetsPerTrigger": per_batch}, "checkpointLocation": f"{tmp}/checkpoint"})
+    client = clickhouse_client(cfg.clickhouse)
+    client.command("CREATE DATABASE IF NOT EXISTS bench")
+    for table in ("events", "dirty", "stages"):
+        client.command(TABLE.format(db="bench", table=table))
+    client.command("CREATE TABLE bench.parse AS bench.events ENGINE = Null")
+    store = state_store(cfg, client)
+    store.ensure_schema()
+    dlq = None
+    if kafka is not None:
+        kafka.create_topic("bench-dlq", 1)
+        dlq = KafkaDeadLetterSink("bench-dlq", {"bootstrap.servers": kafka.bootstrap})
+    rt = Runtime(cfg, store.acquire_epoch(cfg.name, owner="bench-writer"), client, store, dlq)
+
+    deliver: dict[str, list[tuple[float, float]]] = {"clean": [], "dirty": []}  # (wall, CPU) s per batch
+    dead = 0
+    for clean_batch, dirty_batch in itertools.zip_longest(batches, dirty):
+        for kind, tbl in (("clean", clean_batch), ("dirty", dirty_batch)):
+            if tbl is None:
+                continue
             t0, c0 = time.perf_counter(), time.process_time()
             outcomes = deliver_all(rt, tbl)
-            deliver.append((time.perf_counter() - t0, time.process_time() - c0))
+            deliver[kind].append((time.perf_counter() - t0, time.process_time() - c0))
             assert sum(o["rows"] for o in outcomes) == tbl.num_rows, outcomes
-        stored = int(client.command("SELECT count() FROM bench.events"))  # type: ignore[arg-type]
-        assert stored == per_batch * a.batches, f"{stored} rows stored of {per_batch * a.batches}"
+            dead += sum(o["dead"] for o in outcomes)
+    for table, kind in (("events", "clean"), ("dirty", "dirty")):
+        stored = int(client.command(f"SELECT count() FROM bench.{table}"))  # type: ignore[arg-type]
+        want = per_batch * len(deliver[kind]) - (dead if kind == "dirty" else 0)
+        assert stored == want, f"{stored} rows stored in {table} of {want}"
 
-        ctx = rt.fast_context("bench")
-        assert ctx is not None, "the bench table takes the fast path"
-        names, check = ctx.inserter.schema.names, guard(ctx.inserter.schema)
+    ctx = rt.fast_context("bench")
+    assert ctx is not None, "the bench table takes the fast path"
+    names, check = ctx.inserter.schema.names, guard(ctx.inserter.schema)
 
-        def lines_of(tbl: Any) -> Any:
-            return build_lines(tbl, names, cfg.format.max_message_bytes)
+    def lines_of(tbl: Any) -> Any:
+        return build_lines(tbl, names, cfg.format.max_message_bytes)
 
-        def insert(table: str, body: Any) -> None:
-            """With the fast path's JSON settings (no token: the copies keep every row)."""
-            client.raw_insert(f"bench.{table}", None, body, settings=ctx.inserter.line_settings, fmt="JSONEachRow")
+    def insert(table: str, body: Any) -> None:
+        """With the fast path's JSON settings (no token: the copies keep every row)."""
+        client.raw_insert(f"bench.{table}", None, body, settings=ctx.inserter.line_settings, fmt="JSONEachRow")
 
-        stages = {k: 0.0 for k in ("build_lines", "guard", "insert", "parse_null")}
-        for tbl in batches[1:]:
-            for _, _, sub in partition_slices(tbl):
-                c0 = time.process_time()
-                lines = lines_of(sub)
-                stages["build_lines"] += time.process_time() - c0
-                stages["guard"] += _cpu(lambda: check.hits(lines))  # noqa: B023 (called at once)
-                body = payload(lines)
-                stages["insert"] += _cpu(lambda: insert("stages", body))  # noqa: B023
-                stages["parse_null"] += _cpu(lambda: insert("parse", body))  # noqa: B023
+    stages = {k: 0.0 for k in ("build_lines", "guard", "insert", "parse_null")}
+    for tbl in batches[1:]:
+        for _, _, sub in partition_slices(tbl):
+            c0 = time.process_time()
+            lines = lines_of(sub)
+            stages["build_lines"] += time.process_time() - c0
+            stages["guard"] += _cpu(lambda: check.hits(lines))  # noqa: B023 (called at once)
+            body = payload(lines)
+            stages["insert"] += _cpu(lambda: insert("stages", body))  # noqa: B023
+            stages["parse_null"] += _cpu(lambda: insert("parse", body))  # noqa: B023
 
-        last = [payload(lines_of(sub)) for _, _, sub in partition_slices(batches[-1])]
-        alone, _ = _beside(lambda: time.sleep(0.5))
-        during, cores = _beside(lambda: insert("parse", b"".join(bytes(b) for b in last)))
-        halves = [b"".join(bytes(b) for b in last[i::2]) for i in range(2)]
-        t0 = time.perf_counter()
-        for half in halves:
-            insert("parse", half)
-        serial = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        pair = [threading.Thread(target=insert, args=("parse", half)) for half in halves]
-        for t in pair:
-            t.start()
-        for t in pair:
-            t.join()
-        threaded = time.perf_counter() - t0
-        rt.close()
+    last = [payload(lines_of(sub)) for _, _, sub in partition_slices(batches[-1])]
+    alone, _ = _beside(lambda: time.sleep(0.5))
+    during, cores = _beside(lambda: insert("parse", b"".join(bytes(b) for b in last)))
+    halves = [b"".join(bytes(b) for b in last[i::2]) for i in range(2)]
+    t0 = time.perf_counter()
+    for half in halves:
+        insert("parse", half)
+    serial = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pair = [threading.Thread(target=insert, args=("parse", half)) for half in halves]
+    for t in pair:
+        t.start()
+    for t in pair:
+        t.join()
+    threaded = time.perf_counter() - t0
+    rt.close()
 
-    steady = deliver[1:] or deliver
-    rows = per_batch * len(steady)
-    us = 1e6 / rows
+    us = 1e6 / (per_batch * (len(batches) - 1 or 1))
     results: dict[str, Any] = {
         "date": dt.date.today().isoformat(), "events_per_batch": per_batch, "partitions": a.partitions,
-        "batches": a.batches,
-        "deliver_all": {"rows_per_s": round(rows / sum(w for w, _ in steady)),
-                        "wall_s_per_batch": round(statistics.median(w for w, _ in steady), 3),
-                        "cpu_s_per_batch": round(statistics.median(c for _, c in steady), 3),
-                        "cpu_us_per_row": round(sum(c for _, c in steady) * us, 3)},
+        "batches": a.batches, "deliver_all": _deliveries(deliver["clean"], per_batch),
         "stages_cpu_us_per_row": {k: round(v * us, 3) for k, v in stages.items()},
         "gil": {"spin_alone_per_s": round(alone), "spin_during_insert_per_s": round(during),
                 "ratio_during_alone": round(during / alone, 3), "process_cores_during_insert": round(cores, 2),
@@ -177,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                 "two_inserts_serial_s": round(serial, 3), "two_inserts_threaded_s": round(threaded, 3),
                 "speedup_threaded": round(serial / threaded, 3)},
     }
+    if dirty:
+        d = results["deliver_all_dirty"] = {**_deliveries(deliver["dirty"], per_batch), "dirty_share": a.dirty,
+                                            "dead_lettered": dead}
+        results["dirty_extra_cpu_us_per_row"] = round(d["cpu_us_per_row"] - results["deliver_all"]["cpu_us_per_row"], 3)
     return publish(results, a.out, "writer")
 
 

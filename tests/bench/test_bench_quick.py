@@ -60,9 +60,10 @@ def test_formats_quick_writes_json(tmp_path):
 
 def test_writer_alone_writes_json(tmp_path):
     """`python -m bench.writer`: the writer's delivery without Spark stores every row (the module asserts the
-    count), with its CPU split into stages and the GIL probe's rates."""
-    res = subprocess.run([sys.executable, "-m", "bench.writer", "--events", "16000", "--batches", "2", "--out",
-                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    count), with its CPU split into stages and the GIL probe's rates; with `--dirty`, the same batches with bad
+    records beside them, dead-lettered to a real broker (the module asserts every other row is stored)."""
+    res = subprocess.run([sys.executable, "-m", "bench.writer", "--events", "16000", "--batches", "2", "--dirty",
+                          "0.02", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     [out] = list(tmp_path.glob("*-writer.json"))
     data = json.loads(out.read_text())
@@ -71,6 +72,9 @@ def test_writer_alone_writes_json(tmp_path):
     # the CPU clock ticks in 10 ms: a small batch's stage may show none
     assert all(v >= 0 for v in data["stages_cpu_us_per_row"].values())
     assert data["gil"]["spin_alone_per_s"] > 0 and data["gil"]["ratio_during_alone"] >= 0
+    dirty = data["deliver_all_dirty"]
+    assert dirty["dirty_share"] == 0.02 and 0.01 * 32000 < dirty["dead_lettered"] < 0.04 * 32000, dirty
+    assert dirty["cpu_us_per_row"] > 0 and "dirty_extra_cpu_us_per_row" in data
 
 
 def test_jvm_profile_summary_counts_a_real_recordings_samples_within_its_window(tmp_path):
