@@ -41,7 +41,11 @@ def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Cli
             client = _CHDB_CLIENTS[key]
         else:
             password = cfg.password.resolve("clickhouse.password") if cfg.password else None
-            kw: dict[str, Any] = {"dsn": dsn, "connect_timeout": 10,
+            # no session: ClickHouse runs one request per session at a time, and a request this client gave
+            # up on (a timeout against a hung shard) keeps running when the shard resumes, so every retry and
+            # recovery count on the same session would be refused (SESSION_IS_LOCKED). chsink keeps no
+            # session state: every setting travels with its request
+            kw: dict[str, Any] = {"dsn": dsn, "connect_timeout": 10, "autogenerate_session_id": False,
                                   "send_receive_timeout": cfg.request_timeout_s}
             if cfg.username:
                 kw["username"] = cfg.username

@@ -68,3 +68,28 @@ def test_refused_names_exactly_the_lines_clickhouse_cannot_parse(where, ch_db, r
     assert ins.refused(lines) == sorted(bad)
     assert ins.refused(pa.array([json.dumps(g) + "\n" for g in good], pa.string())) == []
     assert client.query(f"SELECT count() FROM {db}.r").result_rows == [(0,)], "nothing is written"
+
+
+def test_a_request_the_client_gave_up_on_does_not_lock_out_the_next(clickhouse_server):
+    """A shard that hung and resumed runs the requests a timed-out client left behind, lost replies among
+    them. The next request on the same client (an insert's retry, a recovery count) must still go through: a
+    client that tied its requests to one ClickHouse session was refused while the old one ran (code 373,
+    SESSION_IS_LOCKED, not transient), and the job died instead of retrying."""
+    import os
+
+    from clickhouse_connect.driver.exceptions import OperationalError
+
+    from sparkapp.config import ClickHouseConfig
+    from sparkapp.edges.clickhouse import clickhouse_client
+
+    db = f"gave_up_{os.getpid()}"
+    cfg = ClickHouseConfig.model_validate({"endpoints": [clickhouse_server.dsn], "database": db,
+                                           "tables": {"*": "t"}, "requestTimeoutSeconds": 1})
+    client = clickhouse_client(cfg)
+    client.command("CREATE TABLE IF NOT EXISTS t (id UInt64, _offset UInt64) ENGINE = MergeTree ORDER BY id "
+                   "SETTINGS non_replicated_deduplication_window = 10")
+    ins = Inserter(client, load_schema(client, db, "t"), retries=0)
+    with pytest.raises(OperationalError):
+        client.query("SELECT sleep(2.5)")  # the reply does not come in time; the server goes on running it
+    ins.insert(Block(OffsetRange(0, 1), "tok", ("id", "_offset"), ([1, 2], [0, 1]), (0, 1)))
+    assert client.query("SELECT count() FROM t").result_rows == [(2,)]
