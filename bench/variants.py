@@ -45,15 +45,20 @@ def gc_summary(log: str) -> dict[str, Any]:
             "full": sum(kind == "Full" for kind, _ in pauses)}
 
 
-def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, conf: dict[str, Any],
+def normalized(variant: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A variant as {"sparkConf": {...}, "sourceOptions": {...}}; a flat one is its sparkConf."""
+    if variant and set(variant) <= VARIANT_KEYS:
+        return {k: dict(variant.get(k, {})) for k in ("sparkConf", "sourceOptions")}
+    return {"sparkConf": dict(variant), "sourceOptions": {}}
+
+
+def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, variant: dict[str, dict[str, Any]],
         dlq: str | None = None) -> dict[str, Any]:
-    """One run of (c) with a variant: its sparkConf, or {"sparkConf": {...}, "sourceOptions": {...}}."""
+    """One run of (c) with a normalized variant."""
     gc_log = work.with_suffix(".gc.log")
-    split = bool(conf) and set(conf) <= VARIANT_KEYS
     r = run_job(work, kafka, topic, n, a.batch, True, a.block, dlq=dlq,
-                spark_conf=with_driver_option(conf.get("sparkConf", {}) if split else conf,
-                                              f"-Xlog:gc:file={gc_log}"),
-                source_options=conf.get("sourceOptions") if split else None)
+                spark_conf=with_driver_option(variant["sparkConf"], f"-Xlog:gc:file={gc_log}"),
+                source_options=variant["sourceOptions"] or None)
     rate = r["rows_per_s"]
     return {"rows_per_s": round(rate), "batch_p50_s": r["batch_p50_s"], "peak_rss": r["peak_rss"],
             "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()},
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="variants", help="the results file: results/<date>-<name>.json")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
-    variants: dict[str, dict[str, Any]] = json.loads(a.variants)
+    variants = {name: normalized(v) for name, v in json.loads(a.variants).items()}
     if bad := [v for v in variants if not v.isidentifier()]:
         ap.error(f"variant names must be identifiers (they name databases): {bad}")
     runs: list[dict[str, Any]] = []
