@@ -26,7 +26,7 @@ from ..formats.debezium import CHANGE_COLUMNS
 from ..formats.jsoneachrow import LineBatch, eligible
 from ..formats.registry import Reader, make_decoder, record_reader
 from ..formats.rows import DecodeError, Decoder
-from ..formats.schema import METADATA_COLUMNS, SchemaError, TableSchema
+from ..formats.schema import METADATA_COLUMNS, AtInsert, SchemaError, TableSchema
 from ..formats.schema_registry import RegistryUnavailableError
 from .context import DataLossError, PartitionResult, Refetch, WriterContext
 from .evolve import add_columns
@@ -234,6 +234,10 @@ class Runtime:
             col = next((c for c in schema.columns if c.name == key), None)
             if col is None or col.default_kind in ("MATERIALIZED", "ALIAS", "EPHEMERAL"):
                 raise ConfigError(f"sharding.key: table {schema.fqn} has no insertable column {key!r}")
+            if isinstance(col.default, AtInsert):  # a retried block would send the row to another shard
+                raise ConfigError(f"sharding.key: column {key!r} of {schema.fqn} has a DEFAULT ClickHouse computes "
+                                  f"anew at each insert ({col.default.expr}); a record without the field would "
+                                  "have no shard of its own. Route by a column the records give")
             if not key_type_ok(str(col.type)):
                 raise ConfigError(f"sharding.key: column {key!r} of {schema.fqn} is {col.type}; chsink hashes "
                                   "String and (U)Int8..64 keys exactly as ClickHouse does, not this type")

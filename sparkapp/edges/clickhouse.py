@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..config import ClickHouseConfig, ConfigError, UnavailableError
-from ..formats.schema import SchemaError, TableSchema, build_schema
+from ..formats.schema import AtInsert, SchemaError, TableSchema, build_schema
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
 _CHDB_CLIENTS: dict[tuple[str, str | None], Client] = {}
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 class EndpointUnreachableError(UnavailableError):
@@ -65,8 +67,36 @@ def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Cli
         raise kind(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {first}") from None
 
 
+# Functions whose result ClickHouse computes anew each time, for servers whose system.functions has no
+# `deterministic` column: a DEFAULT using one is computed at each insert (formats/schema.AtInsert)
+_VOLATILE_NAMES = re.compile(r"^(rand|random|generate|now|today|yesterday|uptime|hostname|fqdn|serveruuid|current|"
+                             r"timezone|version|blocknumber|rownumberin|fuzzbits)", re.I)
+_CALL = re.compile(r"([A-Za-z_]\w*)\s*\(")
+
+
+def _volatile(client: Client) -> Callable[[str], bool]:
+    """Whether a function (by name) gives another result each time it runs, as ClickHouse itself says."""
+    try:
+        names = {str(r[0]).lower() for r in client.query("SELECT name FROM system.functions "
+                                                         "WHERE deterministic = 0").result_rows}
+    except Exception:  # an older server
+        return lambda name: bool(_VOLATILE_NAMES.match(name))
+    return lambda name: name.lower() in names
+
+
+def default_values(client: Client, expr: str, n: int) -> list[Any]:
+    """n values of a DEFAULT expression as ClickHouse computes them now (one query: now() once, rand() per row),
+    each as the decoder's converter takes it: a date-time naming no zone as the instant ClickHouse meant."""
+    values = [r[0] for r in client.query(f"SELECT {expr} FROM numbers({n})").result_rows]
+    if values and isinstance(values[0], dt.datetime) and values[0].tzinfo is None:  # naive: in which zone? ask for
+        micros = client.query(f"SELECT toUnixTimestamp64Micro(toDateTime64({expr}, 6)) FROM numbers({n})")
+        values = [_EPOCH + dt.timedelta(microseconds=m) for (m,) in micros.result_rows]  # the instants
+    return values
+
+
 def load_schema(client: Client, database: str, table: str) -> TableSchema:
-    """Reads the table's columns; constant DEFAULT expressions are evaluated once by ClickHouse."""
+    """Reads the table's columns; constant DEFAULT expressions are evaluated once by ClickHouse, the others are
+    left to ClickHouse at each insert."""
     res = client.query(
         "SELECT name, type, default_kind, default_expression FROM system.columns "
         "WHERE database = {db:String} AND table = {t:String} ORDER BY position",
@@ -78,19 +108,20 @@ def load_schema(client: Client, database: str, table: str) -> TableSchema:
             "create it before starting the sink"
         )
     rows = []
+    volatile: Callable[[str], bool] | None = None  # looked up for the first DEFAULT
     for name, type_text, kind, expr in res.result_rows:
         default = None
         if kind == "DEFAULT" and expr:
             try:
-                default = client.query(f"SELECT {expr}").result_rows[0][0]
-                if isinstance(default, dt.datetime) and default.tzinfo is None:  # naive: in which zone? ask for
-                    micros = client.query(f"SELECT toUnixTimestamp64Micro(toDateTime64({expr}, 6))").result_rows[0][0]
-                    default = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)  # the instant
+                default = default_values(client, expr, 1)[0]
             except Exception as e:  # references other columns: fall back to the type's zero value
                 raise SchemaError(
                     f"column `{name}` of `{database}`.`{table}` has a DEFAULT that depends on other "
                     f"columns ({expr}); chsink needs constant defaults"
                 ) from e
+            volatile = volatile or _volatile(client)
+            if any(volatile(f) for f in _CALL.findall(expr)):
+                default = AtInsert(expr)
         rows.append((name, type_text, kind, default))
     zone = str(client.query("SELECT timezone()").result_rows[0][0])  # the session's, else the server's
     return build_schema(database, table, rows, zone)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.blocks import Block, LineBlock, payload
 from ..core.state_machine import OffsetRange
-from ..formats.schema import TableSchema
+from ..formats.schema import AtInsert, TableSchema
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -211,8 +211,7 @@ class Inserter:
             self.client.raw_insert(self.schema.fqn, None, block.payload,  # type: ignore[arg-type]
                                    settings=settings, fmt="JSONEachRow")
         else:
-            names = list(block.columns)
-            data = list(block.data)
+            names, data = self._at_insert(list(block.columns), list(block.data))
             types = [self._types[self.schema.names.index(n)] for n in names]
             types = [_sent_as(t, col) for t, col in zip(types, data, strict=True)]
             ctx = self.client.create_insert_context(self.schema.fqn, names, column_type_names=types,
@@ -223,6 +222,27 @@ class Inserter:
             self.client.insert(context=ctx)
         self.inserts += 1
         return block.rows
+
+    def _at_insert(self, names: list[str], data: list[Sequence[Any]]) -> tuple[list[str], list[Sequence[Any]]]:
+        """The columns whose DEFAULT ClickHouse computes at each insert (AtInsert), as a JSON line without the
+        field gets it: a column no row of the block gives a value is left out (ClickHouse computes it for the
+        block); in one that mixes, the rows without get values ClickHouse computes now, in one query."""
+        out_names, out_data = [], []
+        for name, column in zip(names, data, strict=True):
+            col = self.schema.columns[self.schema.names.index(name)]
+            if isinstance(col.default, AtInsert):
+                missing = [i for i, v in enumerate(column) if isinstance(v, AtInsert)]
+                if len(missing) == len(column):
+                    continue
+                if missing:
+                    from .clickhouse import default_values
+
+                    column = list(column)
+                    for i, v in zip(missing, default_values(self.client, col.default.expr, len(missing)), strict=True):
+                        column[i] = col.conv(v)
+            out_names.append(name)
+            out_data.append(column)
+        return out_names, out_data
 
     def insert(self, block: Block | LineBlock, where: Where | None = None) -> int:
         """Inserts one block; returns the rows sent. After a failed attempt, which may have committed, the next

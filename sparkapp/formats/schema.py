@@ -19,11 +19,21 @@ class SchemaError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class AtInsert:
+    """A DEFAULT ClickHouse computes anew at each insert (now(), rand(), generateUUIDv4(), ...): what the row of a
+    record without the field holds until its block is inserted, where ClickHouse computes the value (edges/insert),
+    as it does for a JSON line without the field. Computed once when the sink read the table, it stamped every
+    row of a run with one value."""
+
+    expr: str
+
+
+@dataclass(frozen=True)
 class Column:
     name: str
     type: CHType
     default_kind: str = ""  # '', DEFAULT, MATERIALIZED, ALIAS, EPHEMERAL
-    default: Any = None  # value used when a record lacks the field
+    default: Any = None  # value used when a record lacks the field (AtInsert: computed by ClickHouse at insert)
     conv: Converter = field(default=lambda v: v, compare=False, repr=False)
     type_text: str = ""  # the type as ClickHouse spells it (what a client sends with an insert)
 
@@ -48,8 +58,8 @@ class TableSchema:
 
 
 def build_schema(database: str, table: str, rows: list[tuple[str, str, str, Any]], zone: str = "UTC") -> TableSchema:
-    """Builds the schema from (name, type, default_kind, constant default value) rows (pure); `zone` is the one
-    ClickHouse reads naive date-times in where a column names none."""
+    """Builds the schema from (name, type, default_kind, constant default value or AtInsert) rows (pure); `zone`
+    is the one ClickHouse reads naive date-times in where a column names none."""
     cols = []
     for name, type_text, kind, default in rows:
         if kind in ("MATERIALIZED", "ALIAS", "EPHEMERAL"):
@@ -63,7 +73,8 @@ def build_schema(database: str, table: str, rows: list[tuple[str, str, str, Any]
             conv = converter(t)
         except ValueError as e:  # a type chsink cannot yet store exactly (the geo types, Time, ...)
             raise SchemaError(f"column `{name}` of `{database}`.`{table}`: {e}") from None
-        value = zero_value(t) if kind == "" else conv(default) if default is not None else zero_value(t)
+        value = zero_value(t) if kind == "" or default is None else \
+            default if isinstance(default, AtInsert) else conv(default)
         cols.append(Column(name, t, kind, value, conv, type_text))
     if not cols:
         raise SchemaError(f"table `{database}`.`{table}` has no insertable columns")
