@@ -7,12 +7,13 @@ executor for HTTP DSNs. The code that runs is the same in both places.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..config import ConfigError, SinkConfig
+from ..config import ClickHouseConfig, ConfigError, SinkConfig
 from ..core.records import Message
 from ..core.routing import key_type_ok, record_table
 from ..core.state_machine import IrrecoverableStateError, OffsetRange, Phase
@@ -21,7 +22,7 @@ from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import Inserter, unsafe_target
 from ..edges.kafka import read_range
 from ..edges.shards import Health, ShardSet, ShardUnavailableError
-from ..edges.store import READ_THROUGH, PartitionKey, StateStore, state_store
+from ..edges.store import READ_THROUGH, PartitionKey, SinkState, StateRow, StateStore, state_store
 from ..formats.debezium import CHANGE_COLUMNS
 from ..formats.jsoneachrow import LineBatch, eligible
 from ..formats.registry import Reader, make_decoder, record_reader
@@ -37,6 +38,57 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 UNROUTABLE = "__unroutable__"
+
+
+def routing_spec(ch: ClickHouseConfig, topic: str) -> str:
+    """What decides the table of a topic's record, as text: the table a re-read record goes to depends on it."""
+    return json.dumps({"table": ch.table_for(topic), "tableField": ch.table_field, "tableHeader": ch.table_header},
+                      sort_keys=True)
+
+
+def check_routing(store: StateStore, sink: str, ch: ClickHouseConfig, topics: Iterable[str]) -> None:
+    """Records how each topic's records go to tables, and refuses a change while a partition of the topic has
+    records to read again. Run once the run holds its epoch, so no older writer moves the state meanwhile.
+
+    A record read again (a BEFORE range re-sent, a table behind the others of its partition) must reach the
+    table its first attempt reached: the retry counts what landed in that table, under the recorded token, and
+    the tables ahead skip it as delivered. Routed otherwise it would be stored twice, or skipped as delivered
+    and lost. In a drained sink every table of a partition resumes at one offset and nothing is read again, so
+    the new routing applies from there."""
+    state = store.sink_state(sink)
+    for topic in topics:
+        spec, before = routing_spec(ch, topic), store.routing(sink, topic)
+        if before == spec:
+            continue
+        if before is not None:
+            again = _read_again(state, topic)
+            if again:
+                raise ConfigError(
+                    f"clickhouse.tables/tableField/tableHeader: the routing of topic {topic!r} changed from {before} "
+                    f"to {spec}, but {again}: re-read under the new routing, those records could reach other "
+                    "tables than before (stored twice, or lost). Run the sink with its old routing until it has "
+                    "delivered what it read (a graceful stop drains it), then change the routing; or route the "
+                    "topic in a new sink")
+            log.warning("the routing of topic %s changed from %s to %s; every partition had delivered what it "
+                        "read, so the new routing applies from where each resumes", topic, before, spec)
+        store.record_routing(sink, topic, spec)
+
+
+def _read_again(state: SinkState, topic: str) -> str:
+    """Why some of the topic's records would be read again on resuming (empty: none would)."""
+    tables: dict[int, list[StateRow]] = {}
+    for r in state.rows:
+        if r.pk.topic == topic:
+            tables.setdefault(r.pk.partition, []).append(r)
+    for partition, rows in sorted(tables.items()):
+        pending = next((r for r in rows if r.state.phase is Phase.BEFORE), None)
+        if pending is not None:
+            return f"{pending.pk} has range {pending.state.range} sent but not confirmed"
+        resumes = sorted({state.table_resume(r) for r in rows})
+        if len(resumes) > 1:
+            return (f"the tables of partition {topic}/{partition} resume at offsets {resumes}, so the records from "
+                    f"{resumes[0]} on are read again")
+    return ""
 
 
 def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int],

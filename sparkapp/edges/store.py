@@ -428,9 +428,25 @@ class StateStore:
         if n:
             self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE {cond}{_STRICT_CLAUSE}")
         if partitions is None:
-            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE key = {_q(self._epoch_key(sink))}"
-                                f"{_STRICT_CLAUSE}")
+            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE key = {_q(self._epoch_key(sink))} OR "
+                                f"startsWith(key, {_q(self._routing_key(sink, ''))}){_STRICT_CLAUSE}")
         return n
+
+    # ---- routing ------------------------------------------------------------------------------
+
+    def routing(self, sink: str, topic: str) -> str | None:
+        """How the sink last sent the topic's records to tables (what record_routing stored); None before."""
+        rows = self._select(f"key = {_q(self._routing_key(sink, topic))}")
+        return str(rows[0][4]) if rows else None
+
+    def record_routing(self, sink: str, topic: str, spec: str) -> None:
+        """Stores how the sink now sends the topic's records to tables (a row of kind schema: it says how the
+        partition rows are to be read, as the store's version does)."""
+        key = self._routing_key(sink, topic)
+        if self.routing(sink, topic) is None:
+            self._insert([self._row(key, "schema", sink=sink, topic=topic, target=spec)])
+        else:
+            self._update(f"target = {_q(spec)}, updated_at = now64(3)", f"key = {_q(key)}")
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -538,6 +554,9 @@ class StateStore:
 
     def _epoch_key(self, sink: str) -> str:
         return f"{_esc(sink)}/__epoch__"
+
+    def _routing_key(self, sink: str, topic: str) -> str:
+        return f"{_esc(sink)}/__routing__/{_esc(topic)}"
 
     def _row(self, key: str, kind: str, **kw: Any) -> list[Any]:
         return [key, kind, kw.get("sink", ""), kw.get("topic", ""), kw.get("partition", 0), kw.get("target", ""),

@@ -25,7 +25,7 @@ from typing import Any
 from .. import metrics
 from ..config import ConfigError, SinkConfig
 from ..delivery.context import PartitionOutcome
-from ..delivery.runtime import Runtime, starting_offsets
+from ..delivery.runtime import Runtime, check_routing, starting_offsets
 from ..edges.clickhouse import clickhouse_client, load_schema
 from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import first_line, unsafe_target, worth_retrying
@@ -225,6 +225,7 @@ class SinkJob:
         store = state_store(self.cfg, client)
         store.ensure_schema()
         self.epoch = store.acquire_epoch(self.cfg.name, owner=run_owner())
+        check_routing(store, self.cfg.name, ch, parts)
         self.starting = starting_offsets(store, self.cfg.name, parts, all_watermarks(k, parts), k.fail_on_data_loss)
         if ch.embedded:
             dlq = KafkaDeadLetterSink(self.cfg.dlq.topic, k.client_options()) if self.cfg.dlq.topic else None

@@ -142,3 +142,37 @@ def test_a_long_catch_up_is_read_a_micro_batch_at_a_time(ch_db, ch_dsn, chdb_con
     got = [r[0] for r in client.query(f"SELECT _offset FROM `{db}`.a ORDER BY _offset").result_rows]
     assert got == list(range(95))
     assert store.get(pk).state.range.max == 94
+
+
+def test_a_routing_change_waits_until_nothing_would_be_read_again(ch_db, ch_dsn, chdb_config, kafka, topic):
+    """Table a's range is left BEFORE (its shard down) when the routing changes. Re-read under the new routing,
+    a record of that range could reach another table than its first attempt, which skips it as delivered (lost)
+    or stores it again. So a run refuses the change at start, naming the range, and takes it once the sink has
+    delivered all it read."""
+    from sparkapp.config import ConfigError
+    from sparkapp.delivery.runtime import check_routing, routing_spec
+
+    client, db = ch_db
+    rt, src, (_, batch1, batch2) = _routed(ch_db, ch_dsn, chdb_config, kafka, topic)
+    store, cfg = rt.store, rt.cfg
+    check_routing(store, cfg.name, cfg.clickhouse, [src])  # the first run records its routing
+    assert store.routing(cfg.name, src) == routing_spec(cfg.clickhouse, src)
+    rt.health.retry_interval_s = 0
+    client.command(f"DETACH TABLE `{db}`.a")
+    with pytest.raises(ShardUnavailableError):
+        rt.process(src, 0, batch1)
+    client.command(f"ATTACH TABLE `{db}`.a")
+
+    moved = cfg.clickhouse.model_copy(update={"table_field": None, "table_header": "table"})
+    with pytest.raises(ConfigError, match=rf"routing of topic '{src}' changed .* table a has range \[10, 28\] sent "
+                                          "but not confirmed"):
+        check_routing(store, cfg.name, moved, [src])
+    check_routing(store, cfg.name, cfg.clickhouse, [src])  # the old routing still runs
+
+    rt.process(src, 0, batch2)  # a is back: the sink delivers what it read under its routing
+    _each_once(client, db)
+    with pytest.raises(ConfigError, match=r"resume at offsets \[39, 40\], so the records from 39 on are read again"):
+        check_routing(store, cfg.name, moved, [src])  # 39 went to b; a's next record would be read from there
+    store.record_read_through(cfg.name, {(src, 0): 40}, rt.epoch)  # as the job does after each batch
+    check_routing(store, cfg.name, moved, [src])
+    assert store.routing(cfg.name, src) == routing_spec(moved, src)
