@@ -129,18 +129,19 @@ def jfr(profile: Path) -> Path:
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
             block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None,
             dlq: str | None = None, key_shards: int = 0, spark_conf: dict[str, str] | None = None,
-            source_options: dict[str, str] | None = None) -> dict[str, Any]:
+            source_options: dict[str, str] | None = None, table: str = TABLE) -> dict[str, Any]:
     """(c)/(d): the real job (`python -m sparkapp run`) on its own chdb; (e)/(f) with `server`: over HTTP to
     that ClickHouse server, in a database of its own; until the topic is drained. `dlq`: bad records go there
     (the dirty-data runs). `key_shards`: rows routed by `user_id` over that many shards (a database each on
     the same ClickHouse), each window split into per-shard sub-blocks. `spark_conf`: the job's `sparkConf` (a probe of
-    a Spark or JVM setting); `source_options`: its `kafka.sourceOptions` (one of Spark's Kafka source)."""
+    a Spark or JVM setting); `source_options`: its `kafka.sourceOptions` (one of Spark's Kafka source); `table`: the
+    events table's DDL."""
     chdb = work / "chdb"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     db = f"bench_{work.name}"
     dbs = [f"{db}_s{i}" for i in range(key_shards)] or [db]
-    ddl = [s for d in dbs for s in (f"CREATE DATABASE IF NOT EXISTS {d}", TABLE.format(db=d, table="events"))]
+    ddl = [s for d in dbs for s in (f"CREATE DATABASE IF NOT EXISTS {d}", table.format(db=d, table="events"))]
     if server is None:
         subprocess.run([sys.executable, "-m", "hack.chsql", str(chdb), *ddl], cwd=REPO, check=True,
                        capture_output=True)

@@ -98,3 +98,18 @@ def test_jvm_profile_summary_counts_a_real_recordings_samples_within_its_window(
     assert int(head.split(": ")[1].split()[0]) > 10, whole
     assert abs(sum(float(r.split("%")[0]) for r in rows) - 100) < 1, whole
     assert summarize_jfr(str(rec), t0 - 3600, t0 - 3000).startswith("== driver JVM: 0 samples"), "window ignored"
+
+
+def test_latency_quick_writes_json(tmp_path):
+    """`python -m bench.latency`: a live producer while the job runs on both paths; every row's latency is read
+    from the column ClickHouse fills at insert (the module asserts the job delivered every record)."""
+    res = subprocess.run([sys.executable, "-m", "bench.latency", "--rate", "2000", "--seconds", "10", "--warmup", "2",
+                          "--reps", "1", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-latency.json"))
+    data = json.loads(out.read_text())
+    assert {(r["path"], r["variant"]) for r in data["runs"]} == {("c", "default"), ("e", "default")}
+    for r in data["runs"]:
+        assert r["rows"] == 20_000 and 0 < r["measured_rows"] <= 20_000, r
+        lat = r["latency_ms"]
+        assert 0 <= lat["0.5"] <= lat["0.99"] <= lat["1.0"], lat  # ClickHouse filled it after the record was made

@@ -1,0 +1,137 @@
+"""How long a record takes from Kafka to ClickHouse while a producer keeps writing: the exactly-once job on the
+embedded path (c) and on the HTTP path (e), each with variants of its `sourceOptions` or `sparkConf` (as in
+bench.variants), alternated.
+
+    python -m bench.latency [--rate 20000] [--seconds 60] [--warmup 25] [--paths c,e] [--reps 2] \\
+        ['{"default": {}, "wait500": {"sourceOptions": {"kafka.fetch.max.wait.ms": "500"}}}']
+
+Each run produces `--rate` events per second for `--seconds` into a topic of its own, each event's `ts` the
+time it was produced (ms), while the job runs. The events table has one more column, `ingested DateTime64(3)
+DEFAULT now64(3)`, which ClickHouse computes when a row's block is inserted (on every path: the job never
+sends it). A row's latency is `ingested - ts`; rows produced in the first `--warmup` seconds (the job's
+start-up) are left out. `now64` is taken when the insert starts, so a block's own insert time is not counted.
+Writes results/<date>-<name>.json with the quantiles per run and their medians per path and variant (a probe:
+no test asserts a figure)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from hack.testbed import Kafka
+from hack.testbed.process import REPO
+from hack.testbed.servers import ClickHouseServer
+
+from . import publish
+from .__main__ import run_job
+from .data import TABLE, event
+from .variants import normalized
+
+LATENCY_TABLE = TABLE.replace("_partition UInt16\n",
+                              "_partition UInt16, ingested DateTime64(3, 'UTC') DEFAULT now64(3)\n")
+QUANTILES = (0.5, 0.9, 0.99, 1.0)
+SQL = ("SELECT count(), quantilesExact({q})(dateDiff('millisecond', ts, ingested)) FROM {db}.events "
+       "WHERE ts >= fromUnixTimestamp64Milli({since})")
+
+
+def produce_live(bootstrap: str, topic: str, rate: int, seconds: int, partitions: int) -> int:
+    """`rate` events per second for `seconds`, in 10 ms ticks, each event's ts the time it was produced."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 0})
+    rnd, i, per_tick = random.Random(7), 0, max(1, rate // 100)
+    start = time.time()
+    for tick in range(seconds * 100):
+        while time.time() < start + tick / 100:
+            time.sleep(0.001)
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        for _ in range(per_tick):
+            p.produce(topic, json.dumps({**event(rnd, i), "ts": now}, separators=(",", ":")).encode(),
+                      partition=i % partitions)
+            i += 1
+        p.poll(0)
+    if p.flush(60):
+        raise RuntimeError("latency: the producer did not flush")
+    return i
+
+
+def one(work: Path, kafka: Kafka, server: ClickHouseServer | None, a: argparse.Namespace,
+        variant: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One live run of the job; its rows' latency quantiles in ms."""
+    topic = work.name.replace("_", "-")
+    kafka.create_topic(topic, a.partitions)
+    n = a.seconds * 100 * max(1, a.rate // 100)
+    since = int((time.time() + a.warmup) * 1000)
+    producer = threading.Thread(target=produce_live, args=(kafka.bootstrap, topic, a.rate, a.seconds, a.partitions))
+    producer.start()
+    try:
+        r = run_job(work, kafka, topic, n, a.batch, True, a.block, server=server, spark_conf=variant["sparkConf"],
+                    source_options=variant["sourceOptions"] or None, table=LATENCY_TABLE)
+    finally:
+        producer.join()
+    sql = SQL.format(q=", ".join(map(str, QUANTILES)), db=f"bench_{work.name}", since=since)
+    if server is None:
+        out = subprocess.run([sys.executable, "-m", "hack.chsql", str(work / "chdb"), sql], cwd=REPO, check=True,
+                             capture_output=True, text=True).stdout
+        [[rows, qs]] = json.loads(out.splitlines()[-1])
+    else:
+        import clickhouse_connect
+
+        [[rows, qs]] = clickhouse_connect.get_client(dsn=server.dsn).query(sql).result_rows
+    return {"rows": r["rows"], "measured_rows": int(rows),
+            "latency_ms": dict(zip(map(str, QUANTILES), qs, strict=True)), "batch_p50_s": r["batch_p50_s"],
+            "cpu_cores_used": r["cpu_cores_used"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__.split("\n\n")[0])
+    ap.add_argument("variants", nargs="?", default='{"default": {}}', help="as bench.variants takes them")
+    ap.add_argument("--rate", type=int, default=20_000, help="events per second")
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=25, help="seconds of production left out (the job's start)")
+    ap.add_argument("--paths", default="c,e", help="c: embedded chdb, driver; e: HTTP, executors")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")
+    ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
+    ap.add_argument("--name", default="latency", help="the results file: results/<date>-<name>.json")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    a = ap.parse_args(argv)
+    if a.warmup >= a.seconds:
+        ap.error("--warmup must be shorter than --seconds")
+    variants = {name: normalized(v) for name, v in json.loads(a.variants).items()}
+    paths = a.paths.split(",")
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="chsink-latency-") as tmp, ExitStack() as stack:
+        kafka = stack.enter_context(Kafka(Path(tmp) / "kafka"))
+        server = stack.enter_context(ClickHouseServer(Path(tmp) / "clickhouse")) if "e" in paths else None
+        for rep in range(a.reps):
+            for name in (list(variants) if rep % 2 == 0 else list(reversed(variants))):
+                for path in paths:
+                    res = {"variant": name, "path": path, "rep": rep,
+                           **one(Path(tmp) / f"{path}_{name}_{rep}", kafka, server if path == "e" else None, a,
+                                 variants[name])}
+                    print(json.dumps(res), file=sys.stderr, flush=True)
+                    runs.append(res)
+    medians = {f"{path}/{name}": {q: statistics.median(r["latency_ms"][q] for r in runs
+                                                       if (r["path"], r["variant"]) == (path, name))
+                                  for q in map(str, QUANTILES)}
+               for path in paths for name in variants}
+    return publish({"date": dt.date.today().isoformat(), "rate": a.rate, "seconds": a.seconds, "warmup": a.warmup,
+                    "partitions": a.partitions, "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
+                    "variants": variants, "medians_latency_ms": medians, "runs": runs}, a.out, a.name)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
