@@ -106,3 +106,32 @@ def test_a_loss_above_a_silent_table_of_a_routed_sink_is_reported(ch_db, ch_dsn,
         store.commit(pk, rng, epoch)
     [part] = verify(cfg).partitions
     assert part.gaps == [50] and part.pending == 0
+
+
+def test_records_in_a_table_the_topic_was_routed_to_before_are_delivered_not_gaps(ch_db, ch_dsn, chdb_config, kafka,
+                                                                                  topic):
+    """The topic moved from table ev to ev2 once the sink had delivered all it read (the routing change a run
+    takes then): what ev holds was delivered. The verifier reads every table the topic's recorded routings
+    named, not only the one the config names now."""
+    from sparkapp.delivery.runtime import check_routing
+
+    client, db = ch_db
+    src = topic(1)
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(20):
+        p.produce(src, json.dumps({"id": i}).encode(), partition=0)
+    assert p.flush(30) == 0
+    cfg = sink(client, db, ch_dsn, chdb_config, kafka, src)
+    store = state_store(cfg, client)
+    store.ensure_schema()
+    check_routing(store, cfg.name, cfg.clickhouse, [src])  # the first run: its routing recorded
+    deliver_all_but(client, cfg, src, set())
+    client.command(TABLE.format(db=db).replace(".ev ", ".ev2 "))
+    moved = cfg.model_copy(update={"clickhouse": cfg.clickhouse.model_copy(update={"tables": {src: "ev2"}})})
+    check_routing(store, moved.name, moved.clickhouse, [src])  # taken: nothing would be read again
+    [part] = verify(moved).partitions
+    assert (part.clickhouse, part.gaps, part.duplicates) == (20, [], [])
+    client.command(f"DROP TABLE `{db}`.ev SYNC")  # what it held is gone: gaps, and a note why, not a crash
+    report = verify(moved)
+    assert report.partitions[0].gaps == list(range(20))
+    assert any("`ev` does not exist" in n for n in report.notes), report.notes

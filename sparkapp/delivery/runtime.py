@@ -46,6 +46,12 @@ def routing_spec(ch: ClickHouseConfig, topic: str) -> str:
                       sort_keys=True)
 
 
+def spec_table(spec: str) -> str | None:
+    """The table a recorded routing_spec sends the topic's records to (those naming none, when routed)."""
+    table = json.loads(spec).get("table")
+    return str(table) if table else None
+
+
 def check_routing(store: StateStore, sink: str, ch: ClickHouseConfig, topics: Iterable[str]) -> None:
     """Records how each topic's records go to tables, and refuses a change while a partition of the topic has
     records to read again. Run once the run holds its epoch, so no older writer moves the state meanwhile.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -436,17 +437,25 @@ class StateStore:
 
     def routing(self, sink: str, topic: str) -> str | None:
         """How the sink last sent the topic's records to tables (what record_routing stored); None before."""
-        rows = self._select(f"key = {_q(self._routing_key(sink, topic))}")
-        return str(rows[0][4]) if rows else None
+        history = self.routings(sink).get(topic, [])
+        return history[-1] if history else None
+
+    def routings(self, sink: str) -> dict[str, list[str]]:
+        """Per topic, every routing the sink has sent its records by, oldest first: records delivered before a
+        change stay in the tables the older ones named."""
+        rows = self._select(f"kind = 'schema' AND startsWith(key, {_q(self._routing_key(sink, ''))})")
+        return {str(r[2]): [str(x) for x in json.loads(r[4])] for r in rows}
 
     def record_routing(self, sink: str, topic: str, spec: str) -> None:
-        """Stores how the sink now sends the topic's records to tables (a row of kind schema: it says how the
+        """Adds how the sink now sends the topic's records to tables (a row of kind schema: it says how the
         partition rows are to be read, as the store's version does)."""
         key = self._routing_key(sink, topic)
-        if self.routing(sink, topic) is None:
-            self._insert([self._row(key, "schema", sink=sink, topic=topic, target=spec)])
+        history = self.routings(sink).get(topic)
+        text = json.dumps([*(history or []), spec])
+        if history is None:
+            self._insert([self._row(key, "schema", sink=sink, topic=topic, target=text)])
         else:
-            self._update(f"target = {_q(spec)}, updated_at = now64(3)", f"key = {_q(key)}")
+            self._update(f"target = {_q(text)}, updated_at = now64(3)", f"key = {_q(key)}")
 
     # ---- internals ----------------------------------------------------------------------------
 
