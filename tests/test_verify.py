@@ -38,13 +38,18 @@ def deliver_all_but(client: Any, cfg: SinkConfig, src: str, lost: set[int]) -> N
     store.commit(pk, rng, epoch)
 
 
+def produce_ids(kafka: Any, src: str, n: int) -> None:
+    """n records {"id": i} to partition 0 of src."""
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(n):
+        p.produce(src, json.dumps({"id": i}).encode(), partition=0)
+    assert p.flush(30) == 0
+
+
 def test_hundreds_of_gaps_are_all_reported(ch_db, ch_dsn, chdb_config, kafka, topic):
     client, db = ch_db
     src = topic(1)
-    p = Producer({"bootstrap.servers": kafka.bootstrap})
-    for i in range(900):
-        p.produce(src, json.dumps({"id": i}).encode(), partition=0)
-    assert p.flush(30) == 0
+    produce_ids(kafka, src, 900)
     cfg = sink(client, db, ch_dsn, chdb_config, kafka, src)
     lost = set(range(0, 900, 3))  # 300 separate runs of missing offsets
     deliver_all_but(client, cfg, src, lost)
@@ -117,10 +122,7 @@ def test_records_in_a_table_the_topic_was_routed_to_before_are_delivered_not_gap
 
     client, db = ch_db
     src = topic(1)
-    p = Producer({"bootstrap.servers": kafka.bootstrap})
-    for i in range(20):
-        p.produce(src, json.dumps({"id": i}).encode(), partition=0)
-    assert p.flush(30) == 0
+    produce_ids(kafka, src, 20)
     cfg = sink(client, db, ch_dsn, chdb_config, kafka, src)
     store = state_store(cfg, client)
     store.ensure_schema()
