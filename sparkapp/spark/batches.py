@@ -20,6 +20,7 @@ from ..delivery.runtime import Runtime
 from ..edges.clickhouse import EndpointUnreachableError
 from ..edges.shards import ShardUnavailableError
 from ..formats.jsoneachrow import LineBatch, build_lines
+from .worker import task_setup_once_per_archive
 
 log = logging.getLogger("chsink.job")
 
@@ -172,6 +173,7 @@ def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        task_setup_once_per_archive()  # the worker's next tasks start without re-reading Spark's archives
         got = list(batches)
         if not got:
             return
