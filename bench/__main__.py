@@ -129,13 +129,13 @@ def jfr(profile: Path) -> Path:
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
             block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None,
             dlq: str | None = None, key_shards: int = 0, spark_conf: dict[str, str] | None = None,
-            source_options: dict[str, str] | None = None, table: str = TABLE) -> dict[str, Any]:
+            source_options: dict[str, str] | None = None, table: str = TABLE, repo: Path = REPO) -> dict[str, Any]:
     """(c)/(d): the real job (`python -m sparkapp run`) on its own chdb; (e)/(f) with `server`: over HTTP to
     that ClickHouse server, in a database of its own; until the topic is drained. `dlq`: bad records go there
     (the dirty-data runs). `key_shards`: rows routed by `user_id` over that many shards (a database each on
     the same ClickHouse), each window split into per-shard sub-blocks. `spark_conf`: the job's `sparkConf` (a probe of
     a Spark or JVM setting); `source_options`: its `kafka.sourceOptions` (one of Spark's Kafka source); `table`: the
-    events table's DDL."""
+    events table's DDL; `repo`: the checkout the job runs from, its executors' Python workers too."""
     chdb = work / "chdb"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -164,12 +164,14 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
            "sparkConf": _spark_conf(spark_conf or {}, profile)}
     (work / "sink.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if repo != REPO:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
     log = work / "job.log"
     with open(log, "wb") as out:
         spy = [str(Path(sys.executable).parent / "py-spy"), "record", "-r", "50", "-f", "speedscope",
                "-o", str(profile), "--"] if profile else []
         proc = subprocess.Popen([*spy, sys.executable, "-m", "sparkapp", "run", "--config", str(work / "sink.yaml"),
-                                 "--until-idle", "4", "--quiet"], cwd=REPO, env=env, stdout=out,
+                                 "--until-idle", "4", "--quiet"], cwd=repo, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
     sampler = _sample(proc)
     others = {"clickhouse_server": _sample(server.proc if server is not None else None), "kafka": _sample(kafka.proc)}

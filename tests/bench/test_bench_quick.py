@@ -1,5 +1,5 @@
-"""`python -m bench --quick`, `python -m bench.formats` and `python -m bench.writer`: only that the harnesses work end to end (no timing
-assertions)."""
+"""`python -m bench --quick`, `python -m bench.formats`, `python -m bench.writer` and the other harnesses: only that
+they work end to end (no timing assertions)."""
 
 from __future__ import annotations
 
@@ -113,3 +113,19 @@ def test_latency_quick_writes_json(tmp_path):
         assert r["rows"] == 20_000 and 0 < r["measured_rows"] <= 20_000, r
         lat = r["latency_ms"]
         assert 0 <= lat["0.5"] <= lat["0.99"] <= lat["1.0"], lat  # ClickHouse filled it after the record was made
+
+
+def test_commits_quick_writes_json(tmp_path):
+    """`python -m bench.commits`: two checkouts (here both HEAD's, as two refs) alternated on one data set, each run
+    from its own worktree, every record delivered (run_job asserts the count); the worktrees are removed."""
+    before = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
+    res = subprocess.run([sys.executable, "-m", "bench.commits", "HEAD", "HEAD~0", "--path", "c", "--reps", "2",
+                          "--events", "20000", "--batch", "5000", "--block", "5000", "--partitions", "2",
+                          "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-commits.json"))
+    data = json.loads(out.read_text())
+    assert data["commits"]["HEAD"] == data["commits"]["HEAD~0"]
+    assert [(r["ref"], r["rep"]) for r in data["runs"]] == [("HEAD", 0), ("HEAD~0", 0), ("HEAD~0", 1), ("HEAD", 1)]
+    assert all(r["rows_per_s"] > 0 for r in data["runs"]) and len(data["ratios_to_first"]["HEAD~0"]) == 2
+    assert subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout == before

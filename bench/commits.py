@@ -1,0 +1,99 @@
+"""(c) or (e) run from checkouts of two or more commits, alternated on one data set: a change measured side by side
+with the commit before it in one run, not across two runs on a machine that drifts between them.
+
+    python -m bench.commits HEAD~1 HEAD [--path e] [--reps 4] [--events 2400000] [--name commits]
+
+Each commit is checked out in a git worktree of its own (removed afterwards). A run starts the job from that
+worktree, with the worktree first on PYTHONPATH, so that the executors' Python workers also run its code. The
+order is reversed every other rep, so that no commit always follows the same one. Per run: rows/s over the steady
+batches and CPU per row by component, as `python -m bench` measures them. The results file has the medians, and
+each rep's ratio of every commit to the first: results/<date>-<name>.json (a probe: no test asserts a figure)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hack.testbed import Kafka
+from hack.testbed.process import REPO
+from hack.testbed.servers import ClickHouseServer
+
+from . import publish
+from .__main__ import run_job
+from .data import produce
+
+
+@contextlib.contextmanager
+def worktrees(refs: list[str], root: Path) -> Iterator[dict[str, tuple[str, Path]]]:
+    """ref -> (commit, worktree) for each ref, removed on the way out."""
+    made: dict[str, tuple[str, Path]] = {}
+    try:
+        for i, ref in enumerate(refs):
+            sha = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True,
+                                 text=True).stdout.strip()
+            path = root / f"wt{i}"
+            subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=REPO, check=True,
+                           capture_output=True)
+            made[ref] = (sha, path)
+        yield made
+    finally:
+        for _, path in made.values():
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO, capture_output=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.commits", description=__doc__.split("\n\n")[0])
+    ap.add_argument("refs", nargs="+", help="git refs; ratios are to the first")
+    ap.add_argument("--path", choices=("c", "e"), default="e", help="(c) embedded, or (e) HTTP with executors writing")
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--events", type=int, default=2_400_000)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")
+    ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
+    ap.add_argument("--name", default="commits", help="the results file: results/<date>-<name>.json")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    a = ap.parse_args(argv)
+    if len(set(a.refs)) != len(a.refs):
+        ap.error("each ref once")
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="chsink-commits-") as tmp, contextlib.ExitStack() as stack:
+        root = Path(tmp)
+        trees = stack.enter_context(worktrees(a.refs, root))
+        commits = {ref: sha for ref, (sha, _) in trees.items()}
+        kafka = stack.enter_context(Kafka(root / "kafka"))
+        server = stack.enter_context(ClickHouseServer(root / "clickhouse")) if a.path == "e" else None
+        kafka.create_topic("bench", a.partitions)
+        produce(kafka.bootstrap, "bench", a.events, a.partitions)
+        for rep in range(a.reps):
+            for ref in (a.refs if rep % 2 == 0 else list(reversed(a.refs))):
+                _, tree = trees[ref]
+                r = run_job(root / f"run{len(runs)}", kafka, "bench", a.events, a.batch, True, a.block, server=server,
+                            repo=tree)
+                rate = r["rows_per_s"]
+                res = {"ref": ref, "rep": rep, "rows_per_s": round(rate),
+                       "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()}}
+                print(json.dumps(res), file=sys.stderr, flush=True)
+                runs.append(res)
+    base = a.refs[0]
+    rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs}
+    return publish({"date": dt.date.today().isoformat(), "path": a.path, "events": a.events,
+                    "partitions": a.partitions, "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
+                    "commits": commits,
+                    "medians": {ref: statistics.median(r["rows_per_s"] for r in runs if r["ref"] == ref)
+                                for ref in a.refs},
+                    "ratios_to_first": {ref: [round(rate[(ref, rep)] / rate[(base, rep)], 3) for rep in range(a.reps)]
+                                        for ref in a.refs[1:]},
+                    "runs": runs}, a.out, a.name)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
