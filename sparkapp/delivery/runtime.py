@@ -61,9 +61,10 @@ def check_routing(store: StateStore, sink: str, ch: ClickHouseConfig, topics: It
     the tables ahead skip it as delivered. Routed otherwise it would be stored twice, or skipped as delivered
     and lost. In a drained sink every table of a partition resumes at one offset and nothing is read again, so
     the new routing applies from there."""
-    state = store.sink_state(sink)
+    state, routings = store.sink_state(sink), store.routings(sink)  # one read each, whatever the number of topics
     for topic in topics:
-        spec, before = routing_spec(ch, topic), store.routing(sink, topic)
+        history = routings.get(topic, [])
+        spec, before = routing_spec(ch, topic), history[-1] if history else None
         if before == spec:
             continue
         if before is not None:

@@ -114,7 +114,7 @@ def load_schema(client: Client, database: str, table: str) -> TableSchema:
         if kind == "DEFAULT" and expr:
             try:
                 default = default_values(client, expr, 1)[0]
-            except Exception as e:  # references other columns: fall back to the type's zero value
+            except Exception as e:  # it reads other columns, which no value of a record's own can stand for
                 raise SchemaError(
                     f"column `{name}` of `{database}`.`{table}` has a DEFAULT that depends on other "
                     f"columns ({expr}); chsink needs constant defaults"

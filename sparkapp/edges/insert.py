@@ -227,10 +227,13 @@ class Inserter:
         """The columns whose DEFAULT ClickHouse computes at each insert (AtInsert), as a JSON line without the
         field gets it: a column no row of the block gives a value is left out (ClickHouse computes it for the
         block); in one that mixes, the rows without get values ClickHouse computes now, in one query."""
+        at_insert = {c.name: (c, c.default) for c in self.schema.columns if isinstance(c.default, AtInsert)}
+        if not at_insert:  # the common case: the block goes as it is
+            return names, data
         out_names, out_data = [], []
         for name, column in zip(names, data, strict=True):
-            col = self.schema.columns[self.schema.names.index(name)]
-            if isinstance(col.default, AtInsert):
+            if name in at_insert:
+                col, default = at_insert[name]
                 missing = [i for i, v in enumerate(column) if isinstance(v, AtInsert)]
                 if len(missing) == len(column):
                     continue
@@ -238,7 +241,7 @@ class Inserter:
                     from .clickhouse import default_values
 
                     column = list(column)
-                    for i, v in zip(missing, default_values(self.client, col.default.expr, len(missing)), strict=True):
+                    for i, v in zip(missing, default_values(self.client, default.expr, len(missing)), strict=True):
                         column[i] = col.conv(v)
             out_names.append(name)
             out_data.append(column)
