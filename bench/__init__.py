@@ -1,10 +1,13 @@
-"""The benchmark harnesses (`python -m bench`, `bench.formats`, `bench.writer`, `bench.variants`)."""
+"""The benchmark harnesses (`python -m bench`, `bench.formats`, `bench.writer`, `bench.variants`, `bench.commits`,
+`bench.latency`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+from hack.testbed.process import REPO
 
 
 def publish(results: dict[str, Any], out: str, name: str) -> int:
@@ -14,3 +17,15 @@ def publish(results: dict[str, Any], out: str, name: str) -> int:
     (path / f"{results['date']}-{name}.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 0
+
+
+def probe_options(ap: Any, name: str, reps: int) -> None:
+    """The options of the probes that run the job side by side on one data set (bench.variants, bench.commits,
+    bench.latency): reps, the topic's partitions, the job's batch and block sizes, and where the results go."""
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")
+    ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
+    ap.add_argument("--name", default=name, help="the results file: results/<date>-<name>.json")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+

@@ -27,7 +27,7 @@ from hack.testbed import Kafka
 from hack.testbed.process import REPO
 from hack.testbed.servers import ClickHouseServer
 
-from . import publish
+from . import probe_options, publish
 from .__main__ import run_job
 from .data import produce
 
@@ -54,13 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.commits", description=__doc__.split("\n\n")[0])
     ap.add_argument("refs", nargs="+", help="git refs; ratios are to the first")
     ap.add_argument("--path", choices=("c", "e"), default="e", help="(c) embedded, or (e) HTTP with executors writing")
-    ap.add_argument("--reps", type=int, default=4)
+    probe_options(ap, "commits", 4)
     ap.add_argument("--events", type=int, default=2_400_000)
-    ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")
-    ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
-    ap.add_argument("--name", default="commits", help="the results file: results/<date>-<name>.json")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
     if len(set(a.refs)) != len(a.refs):
         ap.error("each ref once")

@@ -33,7 +33,7 @@ from hack.testbed import Kafka
 from hack.testbed.process import REPO
 from hack.testbed.servers import ClickHouseServer
 
-from . import publish
+from . import probe_options, publish
 from .__main__ import run_job
 from .data import TABLE, event
 from .variants import normalized
@@ -101,12 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=25, help="seconds of production left out (the job's start)")
     ap.add_argument("--paths", default="c,e", help="c: embedded chdb, driver; e: HTTP, executors")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")
-    ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
-    ap.add_argument("--name", default="latency", help="the results file: results/<date>-<name>.json")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    probe_options(ap, "latency", 2)
     a = ap.parse_args(argv)
     if a.warmup >= a.seconds:
         ap.error("--warmup must be shorter than --seconds")

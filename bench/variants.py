@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from hack.testbed import Kafka
-from hack.testbed.process import REPO
 
-from . import publish
+from . import probe_options, publish
 from .__main__ import run_job, with_driver_option
 from .data import produce
 
@@ -78,14 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
     ap.add_argument("variants", help='JSON: {"name": {sparkConf}, ...} or {"name": {"sparkConf": {...}, '
                                      '"sourceOptions": {...}}, ...}; names are identifiers')
-    ap.add_argument("--reps", type=int, default=4)
+    probe_options(ap, "variants", 4)
     ap.add_argument("--events", type=int, default=2_400_000)
-    ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")
-    ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
     ap.add_argument("--dirty", type=float, default=0.0, help="also run each on a topic with this share of bad records")
-    ap.add_argument("--name", default="variants", help="the results file: results/<date>-<name>.json")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
     variants = {name: normalized(v) for name, v in json.loads(a.variants).items()}
     if bad := [v for v in variants if not v.isidentifier()]:

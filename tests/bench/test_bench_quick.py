@@ -129,3 +129,18 @@ def test_commits_quick_writes_json(tmp_path):
     assert [(r["ref"], r["rep"]) for r in data["runs"]] == [("HEAD", 0), ("HEAD~0", 0), ("HEAD~0", 1), ("HEAD", 1)]
     assert all(r["rows_per_s"] > 0 for r in data["runs"]) and len(data["ratios_to_first"]["HEAD~0"]) == 2
     assert subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout == before
+
+
+def test_variants_quick_writes_json(tmp_path):
+    """`python -m bench.variants`: (c) with each variant of its sparkConf, alternated, with the driver JVM's
+    collections read from its own GC log (run_job asserts every record was delivered)."""
+    res = subprocess.run([sys.executable, "-m", "bench.variants", '{"default": {}, "young": {"spark.driver.'
+                          'extraJavaOptions": "-XX:NewRatio=1"}}', "--reps", "1", "--events", "20000", "--batch", "5000",
+                          "--block", "5000", "--partitions", "2", "--out", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-variants.json"))
+    data = json.loads(out.read_text())
+    assert [r["variant"] for r in data["runs"]] == ["default", "young"]
+    assert all(r["rows_per_s"] > 0 and r["gc"]["pauses"] >= 0 for r in data["runs"])
+    assert set(data["medians"]) == {"default", "young"}
