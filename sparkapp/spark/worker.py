@@ -3,9 +3,9 @@
 Before every task, PySpark's worker calls `importlib.invalidate_caches()`. On Python 3.10 and 3.11, that makes each
 `zipimporter` on the import path read its archive's whole directory again. Spark puts pyspark.zip, py4j's zip and
 spark-core's jar (5,000 entries) on the workers' PYTHONPATH, and imports pyspark from the zip. Every package
-imported from one of them holds a zipimporter of its own, so each task re-reads those directories about seventeen
-times. That cost 0.2 s of a worker's CPU per task here, for nothing: the archives do not change. Python 3.12
-re-reads lazily (CPython gh-103200); `task_setup_once_per_archive` gives older Pythons the same effect.
+imported from one of them holds a zipimporter of its own, so each task re-read those directories 16 times:
+about 0.1 s of a worker's CPU per task of the benchmark's (e), for nothing, since the archives do not change.
+Python 3.12 re-reads lazily (CPython gh-103200); `task_setup_once_per_archive` gives older Pythons the same effect.
 """
 
 from __future__ import annotations
