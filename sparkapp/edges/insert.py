@@ -186,6 +186,8 @@ class Inserter:
             "input_format_json_empty_as_default": 0,
         }
         self._types = [c.type_text or str(c.type) for c in schema.columns]
+        # the columns whose DEFAULT ClickHouse computes at each insert; an Inserter's schema never changes
+        self._computed_at_insert = {c.name: (c, c.default) for c in schema.columns if isinstance(c.default, AtInsert)}
         self._views: bool | None = None  # whether materialized views read the table (looked up when needed)
 
     def _settings(self, block: Block | LineBlock) -> dict[str, Any]:
@@ -227,13 +229,12 @@ class Inserter:
         """The columns whose DEFAULT ClickHouse computes at each insert (AtInsert), as a JSON line without the
         field gets it: a column no row of the block gives a value is left out (ClickHouse computes it for the
         block); in one that mixes, the rows without get values ClickHouse computes now, in one query."""
-        at_insert = {c.name: (c, c.default) for c in self.schema.columns if isinstance(c.default, AtInsert)}
-        if not at_insert:  # the common case: the block goes as it is
+        if not self._computed_at_insert:  # the common case: the block goes as it is
             return names, data
         out_names, out_data = [], []
         for name, column in zip(names, data, strict=True):
-            if name in at_insert:
-                col, default = at_insert[name]
+            if name in self._computed_at_insert:
+                col, default = self._computed_at_insert[name]
                 missing = [i for i, v in enumerate(column) if isinstance(v, AtInsert)]
                 if len(missing) == len(column):
                     continue
