@@ -39,7 +39,7 @@ _FORBIDDEN_SOURCE_OPTIONS = {"minpartitions", "maxrecordsperpartition", "assign"
 READ_COMMITTED = {"isolation.level": "read_committed"}
 # The JVMs' garbage collector. Spark's Kafka source copies every record several times; under the throughput
 # collector it spent less CPU per row than under G1 (Java's default) in every benchmark run, and the driver
-# JVM's peak memory was lower (README, Performance). A collector named in the role's options (its own or
+# JVM's peak memory was lower (bench/HISTORY.md). A collector named in the role's options (its own or
 # Spark's default ones) is kept alone: the JVM refuses two.
 JVM_COLLECTOR = "-XX:+UseParallelGC"
 _NAMES_COLLECTOR = re.compile(r"-XX:[+]Use\w+GC\b")

@@ -39,7 +39,7 @@ def test_the_writer_gets_the_sources_rows_without_a_projection(spark, kafka, top
 def test_the_source_fetches_in_large_chunks_and_waits_briefly_at_the_end_of_the_log_unless_told_otherwise():
     """Spark's consumers read with the job's fetch defaults: large fetches, and a short wait where the broker has
     nothing newer (its default of 500 ms added about 1.5 s to a batch that reads to the end of the log, see
-    README, Performance); `sourceOptions` win over them, and never over read_committed."""
+    bench/HISTORY.md); `sourceOptions` win over them, and never over read_committed."""
     base = {"bootstrapServers": "127.0.0.1:9", "topics": ["t"]}
     got = KafkaConfig(**base).spark_options()
     assert got["kafka.fetch.max.wait.ms"] == "50" and got["kafka.max.partition.fetch.bytes"] == str(16 << 20)
