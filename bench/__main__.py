@@ -302,13 +302,22 @@ def measure(kind: str, *args: str, kafka: Kafka | None = None) -> dict[str, Any]
     return out
 
 
+# every run the chart's bars show, in this order, where the results have it (a peer not built has no rate)
+BARS = {"a": "(a) Spark's Kafka source alone", "a_stream": "(a_stream) the source, as the job runs it",
+        "c": "(c) exactly-once, embedded", "d": "(d) at-least-once, embedded", "c_dirty": "(c) on dirty data",
+        "k": "(k) exactly-once, key routing", "e": "(e) exactly-once, HTTP", "f": "(f) at-least-once, HTTP",
+        "g": "(g) Kafka Connect, exactly-once", "h": "(h) Kafka Connect, at-least-once", "i": "(i) clickhouse_sinker"}
+
+
 def chart(results: dict[str, Any], path: Path) -> None:
+    """Left: (c) and (d) over the sweep of batch sizes, with (a) and (b) as lines. Right: every run's rows/s (the
+    median round), chsink's and the peers' side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1, 1.2]})
     for key, label in (("c", "exactly-once (c)"), ("d", "at-least-once (d)")):
         pts = sorted((r["max_offsets_per_trigger"], r["rows_per_s"]) for r in [*results["sweep"][key], results[key]])
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
@@ -318,8 +327,19 @@ def chart(results: dict[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("maxOffsetsPerTrigger")
     ax.set_ylabel("rows/s")
-    ax.set_title(f"chsink, {results['events']:,} events, {results['cores']} cores")
-    ax.legend()
+    ax.set_title("the sweep")
+    ax.legend(fontsize=8)
+    shown = [(label, results[key]["rows_per_s"]) for key, label in BARS.items()
+             if isinstance(results.get(key), dict) and "rows_per_s" in results[key]]
+    ys = range(len(shown))
+    bars.barh(list(ys), [rate for _, rate in shown],
+              color=["grey" if label[1] == "a" else "tab:blue" if label[1] in "cdkef" else "tab:orange"
+                     for label, _ in shown])
+    bars.set_yticks(list(ys), [label for label, _ in shown], fontsize=8)
+    bars.invert_yaxis()
+    bars.set_xlabel("rows/s, median round")
+    bars.set_title("every run (orange: the peers)")
+    fig.suptitle(f"chsink, {results['events']:,} events, {results['cores']} cores")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
