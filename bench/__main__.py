@@ -329,13 +329,11 @@ def chart(results: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("rows/s")
     ax.set_title("the sweep")
     ax.legend(fontsize=8)
-    shown = [(label, results[key]["rows_per_s"]) for key, label in BARS.items()
-             if isinstance(results.get(key), dict) and "rows_per_s" in results[key]]
+    shown = [key for key in BARS if isinstance(results.get(key), dict) and "rows_per_s" in results[key]]
     ys = range(len(shown))
-    bars.barh(list(ys), [rate for _, rate in shown],
-              color=["grey" if label[1] == "a" else "tab:blue" if label[1] in "cdkef" else "tab:orange"
-                     for label, _ in shown])
-    bars.set_yticks(list(ys), [label for label, _ in shown], fontsize=8)
+    bars.barh(list(ys), [results[key]["rows_per_s"] for key in shown],
+              color=["tab:orange" if key in PEERS else "grey" if key.startswith("a") else "tab:blue" for key in shown])
+    bars.set_yticks(list(ys), [BARS[key] for key in shown], fontsize=8)
     bars.invert_yaxis()
     bars.set_xlabel("rows/s, median round")
     bars.set_title("every run (orange: the peers)")
