@@ -1,7 +1,7 @@
-"""(c) or (e) run from checkouts of two or more commits, alternated on one data set: a change measured side by side
+"""(c), (e) or (k) run from checkouts of two or more commits, alternated on one data set: a change measured side by side
 with the commit before it in one run, not across two runs on a machine that drifts between them.
 
-    python -m bench.commits HEAD~1 HEAD [--path e] [--reps 4] [--events 2400000] [--name commits]
+    python -m bench.commits HEAD~1 HEAD [--path e|c|k] [--reps 4] [--events 2400000] [--name commits]
 
 Each commit is checked out in a git worktree of its own (removed afterwards). A run starts the job from that
 worktree, with the worktree first on PYTHONPATH, so that the executors' Python workers also run its code. The
@@ -53,7 +53,8 @@ def worktrees(refs: list[str], root: Path) -> Iterator[dict[str, tuple[str, Path
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.commits", description=__doc__.split("\n\n")[0])
     ap.add_argument("refs", nargs="+", help="git refs; ratios are to the first")
-    ap.add_argument("--path", choices=("c", "e"), default="e", help="(c) embedded, or (e) HTTP with executors writing")
+    ap.add_argument("--path", choices=("c", "e", "k"), default="e",
+                    help="(c) embedded, (e) HTTP with executors writing, or (k) embedded with rows routed by key")
     probe_options(ap, "commits", 4)
     ap.add_argument("--events", type=int, default=2_400_000)
     a = ap.parse_args(argv)
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             for ref in (a.refs if rep % 2 == 0 else list(reversed(a.refs))):
                 _, tree = trees[ref]
                 r = run_job(root / f"run{len(runs)}", kafka, "bench", a.events, a.batch, True, a.block, server=server,
-                            repo=tree)
+                            key_shards=2 if a.path == "k" else 0, repo=tree)
                 rate = r["rows_per_s"]
                 res = {"ref": ref, "rep": rep, "rows_per_s": round(rate),
                        "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()}}

@@ -119,17 +119,21 @@ def split_block(block: Block | LineBlock, shards: Sequence[int],
     Each sub-block carries its shard's token, so a retry re-sends the same sub-block to the same shard
     under the same token; a block wholly on one shard is not copied.
     """
-    rows: dict[int, list[int]] = {}
-    for i, s in enumerate(shards):
-        rows.setdefault(s, []).append(i)
-    if len(rows) == 1:
-        (s,) = rows
+    import numpy as np
+
+    of = np.asarray(shards, dtype=np.int64)
+    present = np.unique(of).tolist()
+    if len(present) == 1:
+        (s,) = present
         return [(s, replace(block, token=token_of(s), shard=s))]
+    every = np.asarray(block.offsets, dtype=np.int64)
     out: list[tuple[int, Block | LineBlock]] = []
-    for s, idx in sorted(rows.items()):
-        offsets = tuple(block.offsets[i] for i in idx)
+    for s in present:  # in shard order, each shard's rows in row order (one vectorized pick per shard)
+        picked = np.flatnonzero(of == s)
+        idx: list[int] = picked.tolist()
+        offsets = tuple(every[picked].tolist())
         if isinstance(block, LineBlock):
-            lines = block.lines.take(idx)
+            lines = block.lines.take(picked)
             keys = None if block.keys is None else tuple(block.keys[i] for i in idx)
             out.append((s, replace(block, token=token_of(s), payload=payload(lines), offsets=offsets, lines=lines,
                                    shard=s, keys=keys)))
@@ -141,14 +145,25 @@ def split_block(block: Block | LineBlock, shards: Sequence[int],
 
 def payload(lines: Any) -> memoryview:
     """The concatenated bytes of an Arrow string array slice (no nulls), without copying them."""
-    import numpy as np
-    import pyarrow as pa
-
     if len(lines) == 0:
         return memoryview(b"")
     if lines.null_count:
         raise ValueError("payload of a slice holding non-object records")
-    large = pa.types.is_large_string(lines.type) or pa.types.is_large_binary(lines.type)
-    offs = np.frombuffer(lines.buffers()[1], dtype=np.int64 if large else np.int32)
+    offs = _offsets(lines)
     lo, hi = int(offs[lines.offset]), int(offs[lines.offset + len(lines)])
     return memoryview(lines.buffers()[2])[lo:hi]
+
+
+def line_bounds(lines: Any) -> Any:
+    """Where each line of an Arrow string array slice begins in its payload, and where the last ends (numpy,
+    len(lines) + 1 values)."""
+    offs = _offsets(lines)[lines.offset:lines.offset + len(lines) + 1]
+    return offs - offs[0]
+
+
+def _offsets(lines: Any) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    large = pa.types.is_large_string(lines.type) or pa.types.is_large_binary(lines.type)
+    return np.frombuffer(lines.buffers()[1], dtype=np.int64 if large else np.int32)

@@ -86,6 +86,83 @@ def weighted_shard(h: int, weights: Sequence[int]) -> int:
     raise AssertionError("unreachable")
 
 
+# XXH64's primes; its one-lane step and final mix below are for inputs of 8 bytes or fewer (an integer key)
+_XXH_PRIMES = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)
+_INT_DTYPES = {"Int8": "int8", "UInt8": "uint8", "Int16": "int16", "UInt16": "uint16", "Int32": "int32",
+               "UInt32": "uint32", "Int64": "int64", "UInt64": "uint64"}
+
+
+def hashes64(name: HashName, keys: Sequence[Any], type_name: str) -> Any:
+    """hash64 of each key (a uint64 numpy array), as ClickHouse computes it: integers of an integer column all
+    at once, from their little-endian bits (as key_bytes packs them); strings, and anything else (which then
+    fails as key_bytes does), one by one."""
+    import numpy as np
+
+    dtype = _INT_DTYPES.get(type_name)
+    ints = np.asarray(keys) if dtype else None
+    # integers (or bools, which key_bytes packs as 0 and 1) that all fit the column: numpy would wrap the others
+    if dtype and ints is not None and ints.dtype.kind in "iub" and (
+            not len(ints) or np.iinfo(dtype).min <= ints.min() <= ints.max() <= np.iinfo(dtype).max):
+        width = np.dtype(dtype).itemsize
+        bits = ints.astype(dtype).view(f"uint{8 * width}").astype(np.uint64)
+        if name is HashName.CITYHASH64:
+            return _int_hashes64(bits ^ np.uint64(0x4CF2D2BAAE6DA887))
+        return _xxh64_short(bits, width)
+    numeric = "Int" in type_name
+    return np.fromiter((hash64(name, key_bytes(k, type_name), numeric) for k in keys), dtype=np.uint64,
+                       count=len(keys))
+
+
+def _rotl(x: Any, r: int) -> Any:
+    import numpy as np
+
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+def _xxh64_short(v: Any, width: int) -> Any:
+    """XXH64 with seed 0 of each value's `width` (1, 2, 4 or 8) little-endian bytes, `v` their bits as uint64:
+    the reference algorithm's steps for an input shorter than 32 bytes (numpy's uint64 arithmetic wraps)."""
+    import numpy as np
+
+    p1, p2, p3, p4, p5 = (np.uint64(p) for p in _XXH_PRIMES)
+    h = np.full(len(v), (_XXH_PRIMES[4] + width) % 2**64, dtype=np.uint64)
+    if width == 8:
+        h = _rotl(h ^ (_rotl(v * p2, 31) * p1), 27) * p1 + p4
+    elif width == 4:
+        h = _rotl(h ^ (v * p1), 23) * p2 + p3
+    else:
+        for i in range(width):
+            h = _rotl(h ^ (((v >> np.uint64(8 * i)) & np.uint64(0xFF)) * p5), 11) * p1
+    h ^= h >> np.uint64(33)
+    h *= p2
+    h ^= h >> np.uint64(29)
+    h *= p3
+    h ^= h >> np.uint64(32)
+    return h
+
+
+def _int_hashes64(x: Any) -> Any:
+    """_int_hash64 of each value of a uint64 numpy array."""
+    import numpy as np
+
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(0xFF51AFD7ED558CCD)
+    x ^= x >> np.uint64(33)
+    x = x * np.uint64(0xC4CEB9FE1A85EC53)
+    x ^= x >> np.uint64(33)
+    return x
+
+
+def weighted_shards(hashes: Any, weights: Sequence[int]) -> list[int]:
+    """weighted_shard of each hash of a uint64 numpy array."""
+    import numpy as np
+
+    bounds = np.cumsum(np.asarray(weights, dtype=np.uint64))
+    slots = hashes % np.uint64(sum(weights))
+    shards: list[int] = np.searchsorted(bounds, slots, side="right").tolist()
+    return shards
+
+
 def stripe_shard(offset: int, stripe: int, shards: int) -> int:
     return (offset // stripe) % shards
 
@@ -158,14 +235,18 @@ class Layout:
         return list(range(self.shards)) if self.per_row else [shard]
 
     def row_shards(self, offsets: Sequence[int], keys: Sequence[Any] | None = None) -> list[int]:
-        """policy key / offsetStripe: the shard of each row (keys: the key column's values, in row order)."""
+        """policy key / offsetStripe: the shard of each row (keys: the key column's values, in row order).
+        Computed over whole arrays: this runs for every row routed by key, where a call per row cost more than
+        the rest of the writer (the per-value functions above stay the reference, property-tested alike)."""
+        import numpy as np
+
         if self.policy is Policy.OFFSET_STRIPE:
-            return [stripe_shard(o, self.stripe, self.shards) for o in offsets]
+            shards: list[int] = (np.asarray(offsets, dtype=np.int64) // self.stripe % self.shards).tolist()
+            return shards
         if self.policy is Policy.KEY:
             assert keys is not None
             base = self.key_type.removeprefix("LowCardinality(").split("(")[0].rstrip(")")
-            numeric = "Int" in base
-            return [weighted_shard(hash64(self.hash, key_bytes(k, base), numeric), self.weights) for k in keys]
+            return weighted_shards(hashes64(self.hash, keys, base), self.weights)
         raise ValueError("row_shards applies to policies key and offsetStripe")
 
 

@@ -59,13 +59,20 @@ def decoder_key(line: bytes, col: Column) -> Any:
 
 def _plain(lines: Any, col: Column) -> Any:
     """Which lines Arrow's reader may read (a numpy bool mask), or None when it reads none of them."""
-    import pyarrow.compute as pc
+    import numpy as np
+
+    from ..core.blocks import line_bounds, payload
 
     base = col.type.args[0] if col.type.name == "LowCardinality" else col.type
     if base.name not in _ARROW or "." in col.name:  # a dotted name may be a Nested field: the decoder decides
         return None
-    escaped = pc.match_substring(lines, "\\").to_numpy(zero_copy_only=False)
-    return ~escaped
+    # the lines holding a backslash (an escape), found in their bytes at once: Arrow's substring search, line by
+    # line, cost ten times more
+    plain = np.ones(len(lines), dtype=np.bool_)
+    at = np.flatnonzero(np.frombuffer(payload(lines), dtype=np.uint8) == ord("\\"))
+    if len(at):
+        plain[np.searchsorted(line_bounds(lines)[1:], at, side="right")] = False
+    return plain
 
 
 def _arrow_read(lines: Any, col: Column) -> list[Any] | None:

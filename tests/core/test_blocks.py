@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkapp.core.blocks import build_blocks, cut_windows, dedup_token
+from sparkapp.core.blocks import Block, LineBlock, build_blocks, cut_windows, dedup_token, payload, split_block
 from sparkapp.core.state_machine import OffsetRange as R
 
 
@@ -52,3 +52,40 @@ def test_same_range_same_windows_and_tokens_whatever_compaction_removed(offsets,
     by_window = {b.window: b.token for b in full}
     assert all(by_window[b.window] == b.token for b in compacted)  # windows never shift
     assert sum(b.rows for b in full) == len(offsets)
+
+
+@st.composite
+def blocks_with_shards(draw):
+    """A window's rows, as a decoded Block and as a LineBlock of the same lines, and a shard for each row."""
+    import pyarrow as pa
+
+    offsets = sorted(draw(st.sets(st.integers(0, 99), max_size=30)))
+    shards = draw(st.lists(st.integers(0, 3), min_size=len(offsets), max_size=len(offsets)))
+    names = [f"v{o}" for o in offsets]
+    block = Block(R(0, 99), "t", ("name", "n"), (names, list(offsets)), tuple(offsets))
+    # a window's lines are a slice of its partition's: here after another line
+    lines = pa.array(['{"name":"before"}\n', *(f'{{"name":"{n}"}}\n' for n in names)], pa.string()).slice(1)
+    line_block = LineBlock(R(0, 99), "t", payload(lines), tuple(offsets), lines, 0, tuple(names))
+    return block, line_block, shards
+
+
+@settings(max_examples=200)
+@given(blocks_with_shards())
+def test_split_block_groups_rows_by_shard_in_order(case):
+    """One sub-block per shard present, in shard order, each with its rows in their order, its token and shard;
+    a block wholly on one shard is the same block under that shard's token."""
+    block, line_block, shards = case
+    expected: dict[int, list[int]] = {}
+    for i, s in enumerate(shards):
+        expected.setdefault(s, []).append(i)
+    for b in (block, line_block):
+        out = split_block(b, shards, lambda s: f"t:{s}")
+        assert [s for s, _ in out] == sorted(expected)
+        for s, sub in out:
+            idx = expected[s]
+            assert (sub.token, sub.shard, sub.offsets) == (f"t:{s}", s, tuple(b.offsets[i] for i in idx))
+            if isinstance(sub, Block):
+                assert sub.data == tuple([col[i] for i in idx] for col in block.data)
+            else:
+                assert sub.keys == tuple(line_block.keys[i] for i in idx)
+                assert bytes(sub.payload) == b"".join(f'{{"name":"v{b.offsets[i]}"}}\n'.encode() for i in idx)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkapp.formats.jsoneachrow import build_lines
-from sparkapp.formats.keys import line_keys
+from sparkapp.formats.keys import _plain, line_keys
 from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
 from sparkapp.formats.rows import DecodeError
 from sparkapp.formats.schema import build_schema
@@ -78,3 +78,17 @@ def test_plain_keys_are_read_in_one_arrow_pass_and_odd_ones_alike():
     assert line_keys(broken, schema.columns[1]) == ["\ud800"]  # not UTF-8, read as Python's json reads it
     text = build_schema("db", "t", [("id", "UInt64", "", None), ("k", "Int64", "", None)])
     assert line_keys(lines, text.columns[1]) is None  # text in an Int64 key: the decoder dead-letters it
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([b'{"k":"a"}', b'{"k":"\\u00fc"}', b'{"k":"b\\\\c"}', b'{"id":"\\"","k":"d"}',
+                                 b'{"k":"e"}']), min_size=1, max_size=20), st.data())
+def test_lines_with_an_escape_are_found_in_a_windows_slice(raws, data):
+    """The lines Arrow's reader reads are those without a backslash, found in a window's slice of the partition's
+    lines (its first line not at the start of the buffer), each escape charged to its own line."""
+    schema = build_schema("db", "t", [("id", "String", "", None), ("k", "String", "", None)])
+    lines = build_lines(messages_table([msg(r, offset=i) for i, r in enumerate(raws)]), schema.names, 8 << 20)
+    i = data.draw(st.integers(0, len(raws) - 1))
+    j = data.draw(st.integers(i + 1, len(raws)))
+    window = lines.slice(i, j - i)
+    assert _plain(window, schema.columns[1]).tolist() == [b"\\" not in r for r in raws[i:j]]
