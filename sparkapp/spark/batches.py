@@ -20,7 +20,7 @@ from ..delivery.runtime import Runtime
 from ..edges.clickhouse import EndpointUnreachableError
 from ..edges.shards import ShardUnavailableError
 from ..formats.jsoneachrow import LineBatch, build_lines
-from .worker import task_setup_once_per_archive
+from .worker import task_setup
 
 log = logging.getLogger("chsink.job")
 
@@ -173,7 +173,7 @@ def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        task_setup_once_per_archive()  # the worker's next tasks start without re-reading Spark's archives
+        task_setup()  # see spark/worker.py: Spark's archives read once, the worker's long-lived objects frozen
         got = list(batches)
         if not got:
             return
