@@ -173,7 +173,8 @@ def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        task_setup()  # see spark/worker.py: Spark's archives read once, the worker's long-lived objects frozen
+        # see spark/worker.py: Spark's archives read once, and what the worker keeps frozen once its Runtime is open
+        task_setup(runtime_open=bool(_EXECUTOR_RUNTIMES))
         got = list(batches)
         if not got:
             return

@@ -8,10 +8,10 @@ about 0.1 s of a worker's CPU per task of the benchmark's (e), for nothing, sinc
 Python 3.12 re-reads lazily (CPython gh-103200); `task_setup_once_per_archive` gives older Pythons the same effect.
 
 After every task, PySpark's worker runs a full garbage collection (`gc.collect()`), which visits every object the
-worker tracks: its imports and the writer's Runtime, some 90,000 objects, for 10% of the workers' CPU in the
-benchmark's (e). What is alive when a task starts has survived the collection after the previous one, and lives as
-long as the worker: `freeze_survivors` takes it out of the collector's sight, so each collection visits only what
-the tasks since made.
+worker tracks: its imports and the writer's Runtime, 70,000 objects and more, for 10% of the workers' CPU in the
+benchmark's (e). What is alive when the worker's second task starts has survived the collection after the first,
+the Runtime included, and lives as long as the worker: `freeze_survivors` takes it out of the collector's sight
+once, so each collection visits only what was made since.
 """
 
 from __future__ import annotations
@@ -25,17 +25,26 @@ from typing import Any
 _MARK = "_chsink_reads_when_changed"
 
 
-def task_setup() -> None:
-    """What an executor task of the writer does first, in its Python worker."""
+_FROZEN = False
+
+
+def task_setup(runtime_open: bool) -> None:
+    """What an executor task of the writer does first, in its Python worker (`runtime_open`: whether an earlier
+    task of this worker opened the writer's Runtime)."""
     task_setup_once_per_archive()
-    freeze_survivors()
+    if runtime_open:
+        freeze_survivors()
 
 
 def freeze_survivors() -> None:
-    """Moves every object the collector tracks now into its permanent generation (see the module's docstring).
-    Called as a task starts, just after PySpark's collection: what it moves is what survived, not garbage; should
-    some of it die later, only a cycle among it would stay in memory."""
-    gc.freeze()
+    """Once per worker, moves every object the collector tracks into its permanent generation (see the module's
+    docstring). Called as a task starts, just after PySpark's collection: what it moves survived that, so it is no
+    garbage. Once, not at every task: should some of it die later, only a cycle among it would stay in memory,
+    and objects made after it are collected as before."""
+    global _FROZEN
+    if not _FROZEN:
+        gc.freeze()
+        _FROZEN = True
 
 
 def task_setup_once_per_archive() -> None:

@@ -106,8 +106,12 @@ def test_the_executor_tasks_function_sets_it_up(monkeypatch):
     import gc
     import zipimport
 
+    from sparkapp.spark import batches
+
     froze: list[bool] = []
     monkeypatch.setattr(gc, "freeze", lambda: froze.append(True))  # not this test process's objects
+    monkeypatch.setattr(worker, "_FROZEN", False)
+    monkeypatch.setattr(batches, "_EXECUTOR_RUNTIMES", {})
 
     monkeypatch.setattr(zipimport.zipimporter, "invalidate_caches", zipimport.zipimporter.invalidate_caches)
     monkeypatch.setattr(zipimport.zipimporter, "_chsink_reads_when_changed", False, raising=False)
@@ -115,13 +119,18 @@ def test_the_executor_tasks_function_sets_it_up(monkeypatch):
 
     assert list(executor_fn("{}", 1)(iter([]))) == []
     assert getattr(zipimport.zipimporter, "_chsink_reads_when_changed", False)
-    assert froze == [True]
+    assert froze == []  # the worker's first task: its Runtime is not open yet
+    batches._EXECUTOR_RUNTIMES[("earlier", 1)] = None  # type: ignore[assignment]
+    for _ in range(2):
+        assert list(executor_fn("{}", 1)(iter([]))) == []
+    assert froze == [True]  # once per worker
     importlib.invalidate_caches()
 
 
-def _keeping_task(freeze: bool) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def _keeping_task(freeze: bool, anew: bool = False) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """A task reporting its worker's pid and how many objects the collector tracks once the task is set up: the
-    worker's first task leaves 50,000 objects behind for the next ones (as the writer's Runtime and caches stay)."""
+    worker's first task leaves 50,000 objects behind for the next ones (as the writer's Runtime and caches stay).
+    `anew`: as in a worker that has not frozen yet (an earlier test's chsink task may have run in it)."""
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import gc
@@ -129,6 +138,8 @@ def _keeping_task(freeze: bool) -> Callable[[Iterator[Any]], Iterator[Any]]:
 
         import pyarrow as pa
 
+        if anew:
+            worker._FROZEN = False
         if freeze:
             worker.freeze_survivors()
         tracked = len(gc.get_objects())
@@ -143,15 +154,15 @@ def _keeping_task(freeze: bool) -> Callable[[Iterator[Any]], Iterator[Any]]:
 
 def test_pysparks_collection_after_each_task_skips_what_the_worker_keeps(spark):
     """PySpark's `gc.collect()` after a task visits every object the collector tracks: in a worker that kept
-    50,000 objects from its first task, each later task's collection visits them all, unless the task froze them
-    first (gc.freeze; a frozen object is not in gc.get_objects())."""
+    50,000 objects from its first task, each later task's collection visits them all, unless they were frozen
+    (gc.freeze, once per worker; a frozen object is not in gc.get_objects()), and later tasks stay small."""
 
-    def run(freeze: bool) -> list[tuple[int, int]]:
-        rows = spark.range(0, 2, 1, 2).mapInArrow(_keeping_task(freeze), "pid long, tracked long").collect()
+    def run(freeze: bool, anew: bool = False) -> list[tuple[int, int]]:
+        rows = spark.range(0, 2, 1, 2).mapInArrow(_keeping_task(freeze, anew), "pid long, tracked long").collect()
         return [(r.pid, r.tracked) for r in rows]
 
     first = {pid for pid, _ in run(freeze=False)}  # the first tasks of these workers keep their objects
     kept = [tracked for pid, tracked in run(freeze=False) if pid in first]
     assert kept and min(kept) > 50_000, kept  # the cost, in Spark's own workers
-    frozen = [tracked for _ in range(2) for pid, tracked in run(freeze=True) if pid in first]
+    frozen = [tracked for i in range(3) for pid, tracked in run(freeze=True, anew=i == 0) if pid in first]
     assert frozen and max(frozen) < 5_000, frozen
