@@ -165,6 +165,12 @@ def _executor_runtime(cfg_json: str, epoch: int) -> Runtime:
     return _EXECUTOR_RUNTIMES[key]
 
 
+def _task_setup() -> None:
+    """See spark/worker.py: Spark's archives read once, and what the worker keeps frozen once its Runtime is open.
+    A function of this module, so that `run` (pickled by value, its globals copied) reads this worker's runtimes."""
+    task_setup(runtime_open=bool(_EXECUTOR_RUNTIMES))
+
+
 def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """mapInArrow body: runs in an executor's Python worker over the whole Kafka partitions its task was given
     (the batch is coalesced to one task per slot), written as the driver writes a batch: the fast-path
@@ -173,8 +179,7 @@ def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        # see spark/worker.py: Spark's archives read once, and what the worker keeps frozen once its Runtime is open
-        task_setup(runtime_open=bool(_EXECUTOR_RUNTIMES))
+        _task_setup()
         got = list(batches)
         if not got:
             return

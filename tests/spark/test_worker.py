@@ -166,3 +166,50 @@ def test_pysparks_collection_after_each_task_skips_what_the_worker_keeps(spark):
     assert kept and min(kept) > 50_000, kept  # the cost, in Spark's own workers
     frozen = [tracked for i in range(3) for pid, tracked in run(freeze=True, anew=i == 0) if pid in first]
     assert frozen and max(frozen) < 5_000, frozen
+
+
+def _with_runtime_open(batches: Iterator[Any]) -> Iterator[Any]:
+    """In a worker: as if an earlier chsink task had opened its Runtime, and nothing frozen yet."""
+    import gc
+    import os
+
+    import pyarrow as pa
+
+    from sparkapp.spark import batches as module
+
+    for _ in batches:
+        pass
+    gc.unfreeze()
+    worker._FROZEN = False
+    module._EXECUTOR_RUNTIMES[("test", 0)] = None  # type: ignore[assignment]
+    yield pa.RecordBatch.from_pylist([{"pid": os.getpid(), "frozen": gc.get_freeze_count()}])
+
+
+def _frozen(batches: Iterator[Any]) -> Iterator[Any]:
+    import gc
+    import os
+
+    import pyarrow as pa
+
+    from sparkapp.spark import batches as module
+
+    for _ in batches:
+        pass
+    module._EXECUTOR_RUNTIMES.pop(("test", 0), None)
+    yield pa.RecordBatch.from_pylist([{"pid": os.getpid(), "frozen": gc.get_freeze_count()}])
+
+
+def test_the_executor_tasks_freeze_in_sparks_own_workers(spark):
+    """The executor function as Spark ships it (pickled, its globals copied) freezes in the workers whose Runtime
+    is open: the check reads the worker's own runtimes, not the driver's copy."""
+    from sparkapp.spark.batches import executor_fn, outcome_ddl
+
+    def run(fn: Callable[[Iterator[Any]], Iterator[Any]]) -> dict[int, int]:
+        return {r.pid: r.frozen for r in spark.range(0, 2, 1, 2).mapInArrow(fn, "pid long, frozen long").collect()}
+
+    ready = run(_with_runtime_open)
+    assert set(ready.values()) == {0}
+    nothing = spark.range(0, 2, 1, 2).filter("id < 0")  # each task runs the function over no rows
+    assert nothing.mapInArrow(executor_fn("{}", 1), outcome_ddl()).collect() == []
+    after = {pid: n for pid, n in run(_frozen).items() if pid in ready}
+    assert after and min(after.values()) > 10_000, after
