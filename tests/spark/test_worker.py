@@ -138,6 +138,9 @@ def _keeping_task(freeze: bool, anew: bool = False) -> Callable[[Iterator[Any]],
 
         import pyarrow as pa
 
+        # as the executor's task set-up does first: without it, each task re-reads Spark's archives and 12,755 new
+        # objects were tracked here in every task, so the test passed only after the archive tests had set it up
+        worker.task_setup_once_per_archive()
         if anew:
             worker._FROZEN = False
         if freeze:
