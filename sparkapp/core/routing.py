@@ -99,9 +99,9 @@ def hashes64(name: HashName, keys: Sequence[Any], type_name: str) -> Any:
     import numpy as np
 
     dtype = _INT_DTYPES.get(type_name)
-    ints = np.asarray(keys) if dtype else None
+    ints = np.asarray(keys) if dtype else np.empty(0, dtype=object)
     # integers (or bools, which key_bytes packs as 0 and 1) that all fit the column: numpy would wrap the others
-    if dtype and ints is not None and ints.dtype.kind in "iub" and (
+    if dtype and ints.dtype.kind in "iub" and (
             not len(ints) or np.iinfo(dtype).min <= ints.min() <= ints.max() <= np.iinfo(dtype).max):
         width = np.dtype(dtype).itemsize
         bits = ints.astype(dtype).view(f"uint{8 * width}").astype(np.uint64)

@@ -25,9 +25,6 @@ from typing import Any
 _MARK = "_chsink_reads_when_changed"
 
 
-_FROZEN = False
-
-
 def task_setup(runtime_open: bool) -> None:
     """What an executor task of the writer does first, in its Python worker (`runtime_open`: whether an earlier
     task of this worker opened the writer's Runtime)."""
@@ -41,10 +38,8 @@ def freeze_survivors() -> None:
     docstring). Called as a task starts, just after PySpark's collection: what it moves survived that, so it is no
     garbage. Once, not at every task: should some of it die later, only a cycle among it would stay in memory,
     and objects made after it are collected as before."""
-    global _FROZEN
-    if not _FROZEN:
+    if not gc.get_freeze_count():
         gc.freeze()
-        _FROZEN = True
 
 
 def task_setup_once_per_archive() -> None:
