@@ -1,13 +1,16 @@
 """(c), (e) or (k) run from checkouts of two or more commits, alternated on one data set: a change measured side by side
 with the commit before it in one run, not across two runs on a machine that drifts between them.
 
-    python -m bench.commits HEAD~1 HEAD [--path e|c|k] [--reps 4] [--events 2400000] [--name commits]
+    python -m bench.commits HEAD~1 HEAD [--path e|c|k] [--dirty 0.005] [--reps 4] [--events 2400000] [--name commits]
 
 Each commit is checked out in a git worktree of its own (removed afterwards). A run starts the job from that
 worktree, with the worktree first on PYTHONPATH, so that the executors' Python workers also run its code. The
 order is reversed every other rep, so that no commit always follows the same one. Per run: rows/s over the steady
 batches and CPU per row by component, as `python -m bench` measures them. The results file has the medians, and
-each rep's ratio of every commit to the first: results/<date>-<name>.json (a probe: no test asserts a figure)."""
+each rep's ratio of every commit to the first: results/<date>-<name>.json (a probe: no test asserts a figure).
+With `--dirty`, each commit also runs, in every rep, on a second data set with that share of bad records
+(dead-lettered), and the results add each rep's dirty/clean ratio per commit: the full run's dirty-data ratio, side by
+side."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from hack.testbed.servers import ClickHouseServer
 
 from . import probe_options, publish
 from .__main__ import run_job
-from .data import produce
+from .data import probe_topics
 
 
 @contextlib.contextmanager
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="(c) embedded, (e) HTTP with executors writing, or (k) embedded with rows routed by key")
     probe_options(ap, "commits", 4)
     ap.add_argument("--events", type=int, default=2_400_000)
+    ap.add_argument("--dirty", type=float, default=0.0, help="also run on data with this share of bad records")
     a = ap.parse_args(argv)
     if len(set(a.refs)) != len(a.refs):
         ap.error("each ref once")
@@ -67,27 +71,36 @@ def main(argv: list[str] | None = None) -> int:
         commits = {ref: sha for ref, (sha, _) in trees.items()}
         kafka = stack.enter_context(Kafka(root / "kafka"))
         server = stack.enter_context(ClickHouseServer(root / "clickhouse")) if a.path == "e" else None
-        kafka.create_topic("bench", a.partitions)
-        produce(kafka.bootstrap, "bench", a.events, a.partitions)
+        probe_topics(kafka, a.events, a.partitions, a.dirty)
+        data = ["clean", "dirty"] if a.dirty else ["clean"]
         for rep in range(a.reps):
             for ref in (a.refs if rep % 2 == 0 else list(reversed(a.refs))):
-                _, tree = trees[ref]
-                r = run_job(root / f"run{len(runs)}", kafka, "bench", a.events, a.batch, True, a.block, server=server,
-                            key_shards=2 if a.path == "k" else 0, repo=tree)
-                rate = r["rows_per_s"]
-                res = {"ref": ref, "rep": rep, "rows_per_s": round(rate),
-                       "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()}}
-                print(json.dumps(res), file=sys.stderr, flush=True)
-                runs.append(res)
+                for kind in (data if rep % 2 == 0 else list(reversed(data))):
+                    _, tree = trees[ref]
+                    dirty = kind == "dirty"
+                    r = run_job(root / f"run{len(runs)}", kafka, "bench-dirty" if dirty else "bench", a.events,
+                                a.batch, True, a.block, server=server, dlq="bench-dlq" if dirty else None,
+                                key_shards=2 if a.path == "k" else 0, repo=tree)
+                    rate = r["rows_per_s"]
+                    res = {"ref": ref, "rep": rep, "data": kind, "rows_per_s": round(rate),
+                           "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()}}
+                    print(json.dumps(res), file=sys.stderr, flush=True)
+                    runs.append(res)
     base = a.refs[0]
-    rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs}
+    rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "clean"}
+    dirty_rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "dirty"}
     return publish({"date": dt.date.today().isoformat(), "path": a.path, "events": a.events,
                     "partitions": a.partitions, "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
                     "commits": commits,
-                    "medians": {ref: statistics.median(r["rows_per_s"] for r in runs if r["ref"] == ref)
-                                for ref in a.refs},
+                    "medians": {ref: statistics.median(rate[(ref, rep)] for rep in range(a.reps)) for ref in a.refs},
                     "ratios_to_first": {ref: [round(rate[(ref, rep)] / rate[(base, rep)], 3) for rep in range(a.reps)]
                                         for ref in a.refs[1:]},
+                    **({"dirty_share": a.dirty,
+                        "dirty_medians": {ref: statistics.median(r["rows_per_s"] for r in runs
+                                                                 if r["ref"] == ref and r["data"] == "dirty")
+                                          for ref in a.refs},
+                        "dirty_clean": {ref: [round(dirty_rate[(ref, rep)] / rate[(ref, rep)], 3)
+                                              for rep in range(a.reps)] for ref in a.refs}} if a.dirty else {}),
                     "runs": runs}, a.out, a.name)
 
 

@@ -77,3 +77,14 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int, seed: int = 7, 
     if p.flush(120):
         raise RuntimeError("benchmark data: producer did not flush")
     return size / max(n, 1)
+
+
+def probe_topics(kafka: Any, n: int, partitions: int, dirty: float) -> None:
+    """The probes' data: n events on `bench`, and with `dirty` the same events with that share of bad records on
+    `bench-dirty`, dead-lettered to `bench-dlq` (as `python -m bench` makes them)."""
+    kafka.create_topic("bench", partitions)
+    produce(kafka.bootstrap, "bench", n, partitions)
+    if dirty:
+        kafka.create_topic("bench-dirty", partitions)
+        kafka.create_topic("bench-dlq", 1)
+        produce(kafka.bootstrap, "bench-dirty", n, partitions, dirty=dirty)

@@ -31,7 +31,7 @@ from hack.testbed import Kafka
 
 from . import probe_options, publish
 from .__main__ import run_job, with_driver_option
-from .data import produce
+from .data import probe_topics
 
 VARIANT_KEYS = {"sparkConf", "sourceOptions"}  # a variant of the job's Kafka source options as well
 PAUSE = re.compile(r"Pause (Young|Full) .* ([\d.]+)ms$", re.M)
@@ -86,12 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"variant names must be identifiers (they name databases): {bad}")
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="chsink-variants-") as tmp, Kafka(Path(tmp) / "kafka") as kafka:
-        kafka.create_topic("bench", a.partitions)
-        produce(kafka.bootstrap, "bench", a.events, a.partitions)
-        if a.dirty:
-            kafka.create_topic("bench-dirty", a.partitions)
-            kafka.create_topic("bench-dlq", 1)
-            produce(kafka.bootstrap, "bench-dirty", a.events, a.partitions, dirty=a.dirty)
+        probe_topics(kafka, a.events, a.partitions, a.dirty)
         for rep in range(a.reps):
             for name in (list(variants) if rep % 2 == 0 else list(reversed(variants))):
                 res = {"variant": name, "rep": rep,

@@ -116,18 +116,23 @@ def test_latency_quick_writes_json(tmp_path):
 
 
 def test_commits_quick_writes_json(tmp_path):
-    """`python -m bench.commits`: two checkouts (here both HEAD's, as two refs) alternated on one data set, each run
-    from its own worktree, every record delivered (run_job asserts the count); the worktrees are removed."""
+    """`python -m bench.commits`: two checkouts (here both HEAD's, as two refs) alternated on one data set, and with
+    `--dirty` on a dirty one too, each run from its own worktree, every record delivered or dead-lettered (run_job
+    asserts the count); the worktrees are removed."""
     before = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
     res = subprocess.run([sys.executable, "-m", "bench.commits", "HEAD", "HEAD~0", "--path", "c", "--reps", "2",
-                          "--events", "20000", "--batch", "5000", "--block", "5000", "--partitions", "2",
-                          "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+                          "--dirty", "0.05", "--events", "20000", "--batch", "5000", "--block", "5000",
+                          "--partitions", "2", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     [out] = list(tmp_path.glob("*-commits.json"))
     data = json.loads(out.read_text())
     assert data["commits"]["HEAD"] == data["commits"]["HEAD~0"]
-    assert [(r["ref"], r["rep"]) for r in data["runs"]] == [("HEAD", 0), ("HEAD~0", 0), ("HEAD~0", 1), ("HEAD", 1)]
+    assert [(r["ref"], r["rep"], r["data"]) for r in data["runs"]] == [
+        ("HEAD", 0, "clean"), ("HEAD", 0, "dirty"), ("HEAD~0", 0, "clean"), ("HEAD~0", 0, "dirty"),
+        ("HEAD~0", 1, "dirty"), ("HEAD~0", 1, "clean"), ("HEAD", 1, "dirty"), ("HEAD", 1, "clean")]
     assert all(r["rows_per_s"] > 0 for r in data["runs"]) and len(data["ratios_to_first"]["HEAD~0"]) == 2
+    assert {ref: len(v) for ref, v in data["dirty_clean"].items()} == {"HEAD": 2, "HEAD~0": 2}
     assert subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout == before
 
 
