@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         data = ["clean", "dirty"] if a.dirty else ["clean"]
         for rep in range(a.reps):
             for ref in (a.refs if rep % 2 == 0 else list(reversed(a.refs))):
+                _, tree = trees[ref]
                 for kind in (data if rep % 2 == 0 else list(reversed(data))):
-                    _, tree = trees[ref]
                     dirty = kind == "dirty"
                     r = run_job(root / f"run{len(runs)}", kafka, "bench-dirty" if dirty else "bench", a.events,
                                 a.batch, True, a.block, server=server, dlq="bench-dlq" if dirty else None,
@@ -96,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ratios_to_first": {ref: [round(rate[(ref, rep)] / rate[(base, rep)], 3) for rep in range(a.reps)]
                                         for ref in a.refs[1:]},
                     **({"dirty_share": a.dirty,
-                        "dirty_medians": {ref: statistics.median(r["rows_per_s"] for r in runs
-                                                                 if r["ref"] == ref and r["data"] == "dirty")
+                        "dirty_medians": {ref: statistics.median(dirty_rate[(ref, rep)] for rep in range(a.reps))
                                           for ref in a.refs},
                         "dirty_clean": {ref: [round(dirty_rate[(ref, rep)] / rate[(ref, rep)], 3)
                                               for rep in range(a.reps)] for ref in a.refs}} if a.dirty else {}),
