@@ -26,6 +26,14 @@ def probe_options(ap: Any, name: str, reps: int) -> None:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")
     ap.add_argument("--block", type=int, default=200_000, help="blockOffsets")
+    warm_up_option(ap)
     ap.add_argument("--name", default=name, help="the results file: results/<date>-<name>.json")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
 
+
+
+def warm_up_option(ap: Any) -> None:
+    """`--warm-up S`: the seconds of each JVM's run left out of its rate, for its JIT compilers (see
+    bench.measure.steady). 0, the default, leaves out only the first batch."""
+    ap.add_argument("--warm-up", type=float, default=0.0,
+                    help="seconds of each run left out of its rate for the JVM's warm-up (give it the events)")

@@ -29,8 +29,9 @@ from hack.testbed.process import REPO
 from hack.testbed.servers import ClickHouseServer, ZooKeeper
 from hack.testbed.spark import connector_jars
 
-from . import peers
+from . import peers, warm_up_option
 from .data import TABLE, produce
+from .measure import steady
 from .profile import summarize_jfr
 
 BATCH_LINE = re.compile(r"^(\S+ \S+) INFO chsink\.job: batch (\d+): (\d+) records from \d+ partitions in ([\d.]+)s")
@@ -129,13 +130,15 @@ def jfr(profile: Path) -> Path:
 def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exactly_once: bool,
             block_offsets: int, profile: Path | None = None, server: ClickHouseServer | None = None,
             dlq: str | None = None, key_shards: int = 0, spark_conf: dict[str, str] | None = None,
-            source_options: dict[str, str] | None = None, table: str = TABLE, repo: Path = REPO) -> dict[str, Any]:
+            source_options: dict[str, str] | None = None, table: str = TABLE, repo: Path = REPO,
+            warm_s: float = 0.0) -> dict[str, Any]:
     """(c)/(d): the real job (`python -m sparkapp run`) on its own chdb; (e)/(f) with `server`: over HTTP to
     that ClickHouse server, in a database of its own; until the topic is drained. `dlq`: bad records go there
     (the dirty-data runs). `key_shards`: rows routed by `user_id` over that many shards (a database each on
     the same ClickHouse), each window split into per-shard sub-blocks. `spark_conf`: the job's `sparkConf` (a probe of
     a Spark or JVM setting); `source_options`: its `kafka.sourceOptions` (one of Spark's Kafka source); `table`: the
-    events table's DDL; `repo`: the checkout the job runs from, its executors' Python workers too."""
+    events table's DDL; `repo`: the checkout the job runs from, its executors' Python workers too; `warm_s`: the
+    seconds of batches left out of the rate for the JVM's warm-up (bench.measure.steady)."""
     chdb = work / "chdb"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -196,18 +199,22 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
     rows = sum(b[2] for b in batches)
     if rows != n:
         raise RuntimeError(f"job delivered {rows} records, expected {n}:\n{text[-3000:]}")
-    steady = batches[1:] or batches  # the first batch also pays one-off costs (chdb's first insert, JIT)
-    wall = steady[-1][1] - steady[0][0]
+    kept = steady([b[:3] for b in batches], warm_s)
+    wall = kept[-1][1] - kept[0][0]
     if profile:
-        profile.with_name("profile-c-jvm.txt").write_text(summarize_jfr(str(jfr(profile)), steady[0][0],
-                                                                        steady[-1][1]) + "\n")
+        profile.with_name("profile-c-jvm.txt").write_text(summarize_jfr(str(jfr(profile)), kept[0][0],
+                                                                        kept[-1][1]) + "\n")
     lat = sorted(b[3] for b in batches)
-    return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in steady) / wall, "batches": len(batches),
+    warming = [b for b in batches[1:] if b[0] < kept[0][0]]  # the warm-up's own rate, as a run without one measures
+    return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in kept) / wall, "batches": len(batches),
+            "steady_batches": len(kept),
+            **({"warm_up_rows_per_s": sum(b[2] for b in warming) / (warming[-1][1] - warming[0][0])}
+               if len(warming) > 1 else {}),
             "first_batch_s": batches[0][3], "all_batches_rows_per_s": rows / (batches[-1][1] - batches[0][0]),
             "batch_p50_s": statistics.median(lat), "batch_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "peak_rss": {k: round(v, 1) for k, v in sampler.peak.items()},
-            "cpu_cores_used": {**sampler.cores_used(steady[0][0], steady[-1][1]),
-                               **{k: s.cores_used(steady[0][0], steady[-1][1])["total"]
+            "cpu_cores_used": {**sampler.cores_used(kept[0][0], kept[-1][1]),
+                               **{k: s.cores_used(kept[0][0], kept[-1][1])["total"]
                                   for k, s in others.items() if s is not None}},
             "path": "http, executors" if server else "embedded chdb, driver",
             "max_offsets_per_trigger": max_offsets}
@@ -259,22 +266,27 @@ def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Name
         return both[::-1] if flip else both
 
     jars = ",".join(connector_jars())
-    yield "a", measure("source", kafka.bootstrap, topic, jars)
-    yield "a_stream", measure("stream-source", kafka.bootstrap, topic, jars, str(a.events), str(a.batch), kafka=kafka)
+    warm = a.warm_up
+    yield "a", measure("source", kafka.bootstrap, topic, jars, str(warm))
+    yield "a_stream", measure("stream-source", kafka.bootstrap, topic, jars, str(a.events), str(a.batch), str(warm),
+                              kafka=kafka)
     for key, eo in pair("c", "d"):
-        yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, profile if eo else None)
+        yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, profile if eo else None,
+                           warm_s=warm)
     for key, eo in pair("c", "d"):
         yield f"{key}_dirty", run_job(work / f"{key}_dirty", kafka, "bench-dirty", a.events, a.batch, eo, a.block,
-                                      dlq="bench-dlq")
-    yield "k", run_job(work / "k", kafka, topic, a.events, a.batch, True, a.block, key_shards=2)
+                                      dlq="bench-dlq", warm_s=warm)
+    yield "k", run_job(work / "k", kafka, topic, a.events, a.batch, True, a.block, key_shards=2, warm_s=warm)
     if not a.no_http:
         with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
             assert isinstance(server, ClickHouseServer)
             for key, eo in pair("e", "f"):
-                yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, server=server)
+                yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, server=server,
+                                   warm_s=warm)
     for m in sweep:
         for key, eo in pair("c", "d"):
-            yield f"{key}@{m}", run_job(work / f"s{key}{m}", kafka, small, a.sweep_events, m, eo, min(a.block, m))
+            yield f"{key}@{m}", run_job(work / f"s{key}{m}", kafka, small, a.sweep_events, m, eo, min(a.block, m),
+                                        warm_s=warm)
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -356,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of every measurement but the raw insert and the peers, interleaved; each figure is "
                          "its median round's, so the ratios compare runs made minutes apart, not a run's luck")
+    warm_up_option(ap)
     ap.add_argument("--quick", action="store_true", help="a small smoke run (tests use it)")
     ap.add_argument("--profile", action="store_true",
                     help="also record the first round's (c) under py-spy (a speedscope file) and its driver JVM "
@@ -429,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio_c_dirty_clean>=0.9": dirty["c"]["rows_per_s"] / c >= 0.9,
                     "ratio_c_min_ab>=0.5": c / min(res_a["rows_per_s"], res_b["rows_per_s"]) >= 0.5,
                     "rows_per_s_per_core>=100000": c / cores >= 100_000},
-        "quick": a.quick, "rounds": a.rounds,
+        "quick": a.quick, "rounds": a.rounds, "warm_up_s": a.warm_up,
         "per_round_rows_per_s": {key: [round(r["rows_per_s"]) for r in rs] for key, rs in runs.items()},
         "per_round_ratios": {f"{x}/{y}": [round(p["rows_per_s"] / q["rows_per_s"], 3)
                                           for p, q in zip(runs[x], runs[y], strict=True)]

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                     dirty = kind == "dirty"
                     r = run_job(root / f"run{len(runs)}", kafka, "bench-dirty" if dirty else "bench", a.events,
                                 a.batch, True, a.block, server=server, dlq="bench-dlq" if dirty else None,
-                                key_shards=2 if a.path == "k" else 0, repo=tree)
+                                key_shards=2 if a.path == "k" else 0, repo=tree, warm_s=a.warm_up)
                     rate = r["rows_per_s"]
                     res = {"ref": ref, "rep": rep, "data": kind, "rows_per_s": round(rate),
                            "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()}}
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     base = a.refs[0]
     rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "clean"}
     dirty_rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "dirty"}
-    return publish({"date": dt.date.today().isoformat(), "path": a.path, "events": a.events,
+    return publish({"date": dt.date.today().isoformat(), "warm_up_s": a.warm_up, "path": a.path, "events": a.events,
                     "partitions": a.partitions, "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
                     "commits": commits,
                     "medians": {ref: statistics.median(rate[(ref, rep)] for rep in range(a.reps)) for ref in a.refs},

@@ -9,6 +9,18 @@ import time
 from typing import Any
 
 
+def steady(batches: list[tuple[float, float, int]], warm_s: float = 0.0) -> list[tuple[float, float, int]]:
+    """The batches a rate is taken over, each (start, end, rows), in order: all but the first, which also pays
+    one-off costs (chdb's first insert, connections), and none that starts within `warm_s` seconds of the first
+    one's start. A JVM's JIT compilers take about a minute of a fresh JVM's CPU at a falling rate (measured: 35% of
+    a core in its second 10 s on two cores), so a rate over the first seconds counts that too; a job runs for
+    days. ValueError when no batch is left: the run was too short for its warm-up."""
+    kept = [b for b in batches[1:] if b[0] >= batches[0][0] + warm_s] if len(batches) > 1 else list(batches)
+    if not kept:
+        raise ValueError(f"no batch starts {warm_s:g}s after the first of {len(batches)}: give the run more events")
+    return kept
+
+
 def _session(jars: str, master: str) -> Any:
     """A session on the job's JVM options (its collector): the baselines' JVMs work as the job's do."""
     from pyspark.sql import SparkSession
@@ -32,35 +44,55 @@ def _kafka(read: Any, bootstrap: str, topic: str) -> Any:
             .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic))
 
 
-def spark_source(bootstrap: str, topic: str, jars: str) -> dict[str, float]:
-    """(a) Spark's Kafka source alone: read every record and touch its value (sum of lengths)."""
+def spark_source(bootstrap: str, topic: str, jars: str, warm_s: float = 0.0) -> dict[str, float]:
+    """(a) Spark's Kafka source alone: read every record and touch its value (sum of lengths). With `warm_s`, the
+    topic is read whole until that many seconds have passed first (see `steady`)."""
     spark = _session(jars, "local[2]")
     reader = _kafka(spark.read, bootstrap, topic)
     reader.load().limit(1000).selectExpr("sum(length(value))").collect()  # warm-up: JIT, metadata
-    t0 = time.monotonic()
-    [[rows, size]] = reader.load().selectExpr("count(*)", "sum(length(value))").collect()
-    secs = time.monotonic() - t0
+    reads: list[float] = []  # each whole read's rows/s: the first is the cold JVM's
+
+    def read() -> tuple[int, int]:
+        t0 = time.monotonic()
+        [[rows, size]] = reader.load().selectExpr("count(*)", "sum(length(value))").collect()
+        reads.append(rows / (time.monotonic() - t0))
+        return int(rows), int(size)
+
+    until = time.monotonic() + warm_s
+    while time.monotonic() < until:
+        read()
+    rows, size = read()
     spark.stop()
-    return {"rows": rows, "seconds": secs, "rows_per_s": rows / secs, "bytes": size}
+    return {"rows": rows, "seconds": rows / reads[-1], "rows_per_s": reads[-1], "bytes": size,
+            **({"first_read_rows_per_s": reads[0]} if len(reads) > 1 else {})}
 
 
 def stream_source(bootstrap: str, topic: str, jars: str, events: int, max_offsets: int,
-                  master: str = "local[2]") -> dict[str, float]:
+                  master: str = "local[2]", warm_s: float = 0.0) -> dict[str, float]:
     """(a_stream) Spark's Kafka source as the job runs it: a streaming query with the job's source options and
     `maxOffsetsPerTrigger`, each record's value touched (its length) and nothing written (Spark's `noop` sink).
-    Rows/s over the steady batches, the first left out, as the job's runs are measured."""
+    Rows/s over the steady batches, the first left out, as the job's runs are measured. With `warm_s`, queries
+    read the topic whole until that many seconds have passed first, in the same JVM (see `steady`)."""
     import datetime as dt
     import tempfile
 
     spark = _session(jars, master)
     reader = (_kafka(spark.readStream, bootstrap, topic)
               .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(max_offsets)))
-    with tempfile.TemporaryDirectory(prefix="chsink-bench-source-") as ckpt:
-        query = (reader.load().selectExpr("partition", "offset", "length(value) AS n").writeStream.format("noop")
-                 .option("checkpointLocation", ckpt).trigger(processingTime="0 seconds").start())
-        query.processAllAvailable()  # no polling meanwhile: each py4j call costs the JVM a class look-up
-        progress = [p for p in query.recentProgress if p["numInputRows"]]
-        query.stop()
+
+    def drain() -> list[Any]:
+        with tempfile.TemporaryDirectory(prefix="chsink-bench-source-") as ckpt:
+            query = (reader.load().selectExpr("partition", "offset", "length(value) AS n").writeStream
+                     .format("noop").option("checkpointLocation", ckpt).trigger(processingTime="0 seconds").start())
+            query.processAllAvailable()  # no polling meanwhile: each py4j call costs the JVM a class look-up
+            progress = [p for p in query.recentProgress if p["numInputRows"]]
+            query.stop()
+        return progress
+
+    until = time.monotonic() + warm_s
+    while time.monotonic() < until:
+        drain()
+    progress = drain()
     spark.stop()
     batches = []
     for p in progress:
@@ -69,10 +101,10 @@ def stream_source(bootstrap: str, topic: str, jars: str, events: int, max_offset
     rows = sum(b[2] for b in batches)
     if rows != events:
         raise RuntimeError(f"the streaming source read {rows} records, expected {events}")
-    steady = batches[1:] or batches  # the first batch also pays one-off costs, as in the job's runs
-    wall = steady[-1][1] - steady[0][0]
-    return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in steady) / wall, "batches": len(batches),
-            "max_offsets_per_trigger": max_offsets, "steady_from": steady[0][0], "steady_to": steady[-1][1]}
+    kept = steady(batches)
+    wall = kept[-1][1] - kept[0][0]
+    return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in kept) / wall, "batches": len(batches),
+            "max_offsets_per_trigger": max_offsets, "steady_from": kept[0][0], "steady_to": kept[-1][1]}
 
 
 def raw_insert(path: str, n: int, block: int) -> dict[str, float]:
@@ -115,9 +147,10 @@ def raw_insert(path: str, n: int, block: int) -> dict[str, float]:
 if __name__ == "__main__":
     what = sys.argv[1]
     if what == "source":
-        out = spark_source(sys.argv[2], sys.argv[3], sys.argv[4])
+        out = spark_source(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
     elif what == "stream-source":
-        out = stream_source(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+        out = stream_source(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]),
+                            warm_s=float(sys.argv[7]))
     else:
         out = raw_insert(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     print("RESULT " + json.dumps(out), flush=True)

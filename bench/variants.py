@@ -57,7 +57,7 @@ def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, var
     gc_log = work.with_suffix(".gc.log")
     r = run_job(work, kafka, topic, n, a.batch, True, a.block, dlq=dlq,
                 spark_conf=with_driver_option(variant["sparkConf"], f"-Xlog:gc:file={gc_log}"),
-                source_options=variant["sourceOptions"] or None)
+                source_options=variant["sourceOptions"] or None, warm_s=a.warm_up)
     rate = r["rows_per_s"]
     return {"rows_per_s": round(rate), "batch_p50_s": r["batch_p50_s"], "peak_rss": r["peak_rss"],
             "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()},
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(res), file=sys.stderr, flush=True)
                 runs.append(res)
     medians = {name: _medians([r for r in runs if r["variant"] == name], bool(a.dirty)) for name in variants}
-    return publish({"date": dt.date.today().isoformat(), "events": a.events, "partitions": a.partitions,
+    return publish({"date": dt.date.today().isoformat(), "warm_up_s": a.warm_up, "events": a.events,
+                    "partitions": a.partitions,
                     "dirty_share": a.dirty,
                     "max_offsets_per_trigger": a.batch, "block_offsets": a.block, "variants": variants,
                     "medians": medians, "runs": runs}, a.out, a.name)
