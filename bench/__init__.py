@@ -31,7 +31,6 @@ def probe_options(ap: Any, name: str, reps: int) -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
 
 
-
 def warm_up_option(ap: Any) -> None:
     """`--warm-up S`: the seconds of each JVM's run left out of its rate, for its JIT compilers (see
     bench.measure.steady). 0, the default, leaves out only the first batch."""

@@ -12,9 +12,10 @@ from typing import Any
 def steady(batches: list[tuple[float, float, int]], warm_s: float = 0.0) -> list[tuple[float, float, int]]:
     """The batches a rate is taken over, each (start, end, rows), in order: all but the first, which also pays
     one-off costs (chdb's first insert, connections), and none that starts within `warm_s` seconds of the first
-    one's start. A JVM's JIT compilers take about a minute of a fresh JVM's CPU at a falling rate (measured: 35% of
-    a core in its second 10 s on two cores), so a rate over the first seconds counts that too; a job runs for
-    days. ValueError when no batch is left: the run was too short for its warm-up."""
+    one's start. A fresh JVM's JIT compilers keep compiling for tens of seconds, at a falling rate (in a run of the
+    job: 1.3-1.6 s of CPU in each 4 s from the 8th to the 20th second), so a rate over the first seconds counts
+    that work, which a job that runs for days does not pay. ValueError when no batch is left: the run was too short
+    for its warm-up."""
     kept = [b for b in batches[1:] if b[0] >= batches[0][0] + warm_s] if len(batches) > 1 else list(batches)
     if not kept:
         raise ValueError(f"no batch starts {warm_s:g}s after the first of {len(batches)}: give the run more events")
