@@ -239,16 +239,18 @@ PEERS = {"g": "ClickHouse Kafka Connect sink, exactlyOnce=true (KeeperMap)",
          "h": "ClickHouse Kafka Connect sink, at-least-once", "i": "clickhouse_sinker, at-least-once"}
 
 
-def run_peers(work: Path, kafka: Kafka, topic: str, n: int, server: ClickHouseServer) -> dict[str, Any]:
+def run_peers(work: Path, kafka: Kafka, topic: str, n: int, server: ClickHouseServer,
+              warm_s: float = 0.0) -> dict[str, Any]:
     """(g)/(h)/(i); a peer that is not built, or fails, is reported with the reason instead of figures."""
     out: dict[str, Any] = {}
     for key in PEERS:
         say(f"({key}) {PEERS[key]}")
         try:
             if key == "i":
-                out[key] = peers.run_sinker(work / key, kafka.bootstrap, topic, n, server, _sample)
+                out[key] = peers.run_sinker(work / key, kafka.bootstrap, topic, n, server, _sample, warm_s)
             else:
-                out[key] = peers.run_connect(work / key, kafka.bootstrap, topic, n, server, key == "g", _sample)
+                out[key] = peers.run_connect(work / key, kafka.bootstrap, topic, n, server, key == "g", _sample,
+                                             warm_s)
             say(f"    {out[key]['rows_per_s']:,.0f} rows/s, {out[key]['duplicates']} duplicates")
         except (peers.PeerMissingError, RuntimeError) as e:
             out[key] = {"unavailable": str(e)[:2000]}
@@ -410,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             if not a.no_http and not a.no_peers:
                 with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
                     assert isinstance(server, ClickHouseServer)
-                    res_peers = run_peers(work, kafka, topic, a.events, server)
+                    res_peers = run_peers(work, kafka, topic, a.events, server, a.warm_up)
     med = {key: _median_run(rs) for key, rs in runs.items()}
     res_a, res_c, res_d, res_k = med["a"], med["c"], med["d"], med["k"]
     res_e, res_f = med.get("e", {}), med.get("f", {})

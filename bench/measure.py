@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def steady(batches: list[tuple[float, float, int]], warm_s: float = 0.0) -> list[tuple[float, float, int]]:
@@ -20,6 +24,22 @@ def steady(batches: list[tuple[float, float, int]], warm_s: float = 0.0) -> list
     if not kept:
         raise ValueError(f"no batch starts {warm_s:g}s after the first of {len(batches)}: give the run more events")
     return kept
+
+
+def after_warm_up(run: Callable[[], T], warm_s: float, clock: Callable[[], float] = time.monotonic) -> T:
+    """`run` again and again in the same JVM until `warm_s` seconds have passed, then once more: that last
+    result is the one measured (see `steady`). With no warm-up, `run` runs once."""
+    until = clock() + warm_s
+    while clock() < until:
+        run()
+    return run()
+
+
+def as_batches(polls: list[tuple[float, int]]) -> list[tuple[float, float, int]]:
+    """A row count polled over time, each (time, rows so far), as `steady`'s batches: each poll that found more
+    rows than the one before is a batch from that poll to this one. A peer is timed so, as it has no batches of
+    its own to report."""
+    return [(t0, t1, c1 - c0) for (t0, c0), (t1, c1) in itertools.pairwise(polls) if c1 > c0]
 
 
 def _session(jars: str, master: str) -> Any:
@@ -59,10 +79,7 @@ def spark_source(bootstrap: str, topic: str, jars: str, warm_s: float = 0.0) -> 
         reads.append(rows / (time.monotonic() - t0))
         return int(rows), int(size)
 
-    until = time.monotonic() + warm_s
-    while time.monotonic() < until:
-        read()
-    rows, size = read()
+    rows, size = after_warm_up(read, warm_s)
     spark.stop()
     return {"rows": rows, "seconds": rows / reads[-1], "rows_per_s": reads[-1], "bytes": size,
             **({"first_read_rows_per_s": reads[0]} if len(reads) > 1 else {})}
@@ -90,10 +107,7 @@ def stream_source(bootstrap: str, topic: str, jars: str, events: int, max_offset
             query.stop()
         return progress
 
-    until = time.monotonic() + warm_s
-    while time.monotonic() < until:
-        drain()
-    progress = drain()
+    progress = after_warm_up(drain, warm_s)
     spark.stop()
     batches = []
     for p in progress:

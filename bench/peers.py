@@ -2,8 +2,9 @@
 the ClickHouse Kafka Connect sink on Apache Kafka Connect (exactly-once with KeeperMap state, and without), and
 clickhouse_sinker (at-least-once). Built by `hack/peers.sh`; a peer that is not there is reported as such.
 
-Each is timed from its first row in ClickHouse to the last (its start-up and consumer-group join excluded, as
-chsink's first batch is), with the CPU its process tree and the server used meanwhile.
+Each is timed by polling its table's row count, from the first poll that found rows to the last (its start-up and
+consumer-group join excluded, as chsink's first batch is), and with `--warm-up S` from the first poll S seconds
+later (the Kafka Connect worker is a JVM too), with the CPU its process tree and the server used meanwhile.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hack.testbed.process import cache_dir, free_port, versions
 from hack.testbed.servers import ClickHouseServer, _java
 
 from .data import TABLE
+from .measure import as_batches, steady
 
 
 class PeerMissingError(RuntimeError):
@@ -51,9 +53,12 @@ def _table(server: ClickHouseServer, db: str) -> Any:
 
 
 def _until_landed(client: Any, db: str, n: int, proc: subprocess.Popen[bytes], log: Path, sampler: Any,
-                  served: Any, fatal: str | None = None, timeout: float = 1800) -> dict[str, Any]:
-    """Waits until n rows are in the table; rows/s from the first row to the last."""
-    started, first, count = time.time(), None, 0
+                  served: Any, fatal: str | None = None, timeout: float = 1800, warm_s: float = 0.0) -> dict[str, Any]:
+    """Waits until n rows are in the table, polling its count; rows/s over the polls after the first one that
+    found rows, leaving out those that start within `warm_s` seconds of it, as chsink's batches are
+    (bench.measure.steady)."""
+    started, count = time.time(), 0
+    polls = [(started, 0)]
     deadline = time.monotonic() + timeout
     while count < n:
         if proc.poll() is not None or (fatal and fatal in log.read_text(errors="replace")):
@@ -64,15 +69,15 @@ def _until_landed(client: Any, db: str, n: int, proc: subprocess.Popen[bytes], l
                                f"{log.read_text(errors='replace')[-3000:]}")
         time.sleep(0.25)
         count = int(client.query(f"SELECT count() FROM {db}.events").result_rows[0][0])
-        if count and first is None:
-            first = time.time()
-    end = time.time()
-    assert first is not None
+        polls.append((time.time(), count))
+    batches = as_batches(polls)
+    kept = steady(batches, warm_s)
+    first, end = kept[0][0], kept[-1][1]
     [[unique]] = client.query(f"SELECT uniqExact(id) FROM {db}.events").result_rows
-    steady = max(end - first, 0.25)  # one poll: a peer faster than that lands everything between two polls
     return {"rows": count, "unique_ids": int(unique), "duplicates": count - int(unique),
-            "seconds": steady, "rows_per_s": count / steady, "start_to_first_row_s": first - started,
-            "from_start_rows_per_s": count / (end - started),
+            "seconds": end - first, "rows_per_s": sum(b[2] for b in kept) / (end - first),
+            "start_to_first_row_s": batches[0][1] - started, "from_start_rows_per_s": count / (end - started),
+            "steady_polls": len(kept),
             "cpu_cores_used": {"peer": sampler.cores_used(first, end)["total"],
                                "clickhouse_server": served.cores_used(first, end)["total"] if served else 0.0},
             "peak_rss_mb": round(sampler.peak_total, 1)}
@@ -87,14 +92,14 @@ def _fresh(work: Path, server: ClickHouseServer) -> tuple[str, Any]:
 
 
 def _run(cmd: list[str], work: Path, server: ClickHouseServer, db: str, client: Any, n: int, sample: Any,
-         fatal: str | None = None) -> dict[str, Any]:
+         fatal: str | None = None, warm_s: float = 0.0) -> dict[str, Any]:
     """Starts the peer in `work`, measures it until n rows landed, and stops it."""
     log = work / "peer.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT)
     sampler, served = sample(proc), sample(server.proc)
     try:
-        return _until_landed(client, db, n, proc, log, sampler, served, fatal=fatal)
+        return _until_landed(client, db, n, proc, log, sampler, served, fatal=fatal, warm_s=warm_s)
     finally:
         sampler.done.set()
         if served:
@@ -113,7 +118,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_connect(work: Path, bootstrap: str, topic: str, n: int, server: ClickHouseServer, exactly_once: bool,
-                sample: Any) -> dict[str, Any]:
+                sample: Any, warm_s: float = 0.0) -> dict[str, Any]:
     """The ClickHouse Kafka Connect sink in a standalone Kafka Connect worker, one task per core."""
     home = _connect_home()
     db, client = _fresh(work, server)
@@ -138,13 +143,13 @@ def run_connect(work: Path, bootstrap: str, topic: str, n: int, server: ClickHou
     cmd = [*_java(work), "-Xmx1g", f"-Dlog4j.configuration=file:{work / 'log4j.properties'}",
            "-cp", f"{home / 'libs'}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
            str(work / "worker.properties"), str(work / "sink.properties")]
-    res = _run(cmd, work, server, db, client, n, sample, fatal="Task is being killed")
+    res = _run(cmd, work, server, db, client, n, sample, fatal="Task is being killed", warm_s=warm_s)
     return {**res, "peer": f"ClickHouse Kafka Connect sink {versions()['CLICKHOUSE_KAFKA_CONNECT_VERSION']} "
                            f"on Kafka Connect {versions()['KAFKA_VERSION']}", "exactly_once": exactly_once}
 
 
 def run_sinker(work: Path, bootstrap: str, topic: str, n: int, server: ClickHouseServer,
-               sample: Any) -> dict[str, Any]:
+               sample: Any, warm_s: float = 0.0) -> dict[str, Any]:
     """clickhouse_sinker over ClickHouse's native TCP protocol, the table's schema detected."""
     binary = _sinker_bin()
     db, client = _fresh(work, server)
@@ -160,5 +165,6 @@ def run_sinker(work: Path, bootstrap: str, topic: str, n: int, server: ClickHous
 """)
     # --http-host: without it the sinker finds the address to bind to by dialing a public one
     res = _run([str(binary), "--local-cfg-file", str(work / "sinker.hjson"), "--log-paths", "stdout",
-                "--http-host", "127.0.0.1", "--http-port", str(free_port())], work, server, db, client, n, sample)
+                "--http-host", "127.0.0.1", "--http-port", str(free_port())], work, server, db, client, n, sample,
+               warm_s=warm_s)
     return {**res, "peer": f"clickhouse_sinker {versions()['CLICKHOUSE_SINKER_VERSION']}", "exactly_once": False}

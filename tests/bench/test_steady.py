@@ -1,12 +1,15 @@
-"""Which batches a benchmark's rate is taken over (bench.measure.steady): pure, no run."""
+"""Which batches a benchmark's rate is taken over (bench.measure.steady), a peer's polled row counts as such
+batches (as_batches), and the repeated runs a warm measurement takes (after_warm_up): pure, no run."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.measure import steady
+from bench.measure import after_warm_up, as_batches, steady
 
 
 def _batches(starts: list[float]) -> list[tuple[float, float, int]]:
@@ -39,3 +42,34 @@ def test_kept_batches_are_a_tail_that_starts_after_the_warm_up(starts, warm):
         return
     assert kept == b[len(b) - len(kept):] and b[0] not in kept
     assert all(k[0] >= starts[0] + warm for k in kept)
+
+
+def test_a_warm_up_repeats_the_run_until_it_has_passed_then_measures_one_more():
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def run() -> int:
+        now[0] += 4.0  # each run takes 4 seconds
+        return int(now[0])
+
+    assert after_warm_up(run, 10.0, clock) == 16  # runs ending at 4, 8 and 12 warm it; the fourth counts
+    now[0] = 0.0
+    assert after_warm_up(run, 0.0, clock) == 4  # no warm-up: one run
+
+
+def test_polls_become_batches_of_the_rows_each_found_new():
+    polls = [(0.0, 0), (1.0, 0), (2.0, 500), (3.0, 500), (4.0, 1200)]
+    assert as_batches(polls) == [(1.0, 2.0, 500), (3.0, 4.0, 700)]
+    # the rows found by the first poll that saw any are left out, as a job's first batch is
+    assert steady(as_batches(polls)) == [(3.0, 4.0, 700)]
+
+
+@given(st.lists(st.integers(0, 10_000), min_size=1).map(lambda xs: sorted(xs)))
+def test_polled_batches_hold_every_row_once_in_order(counts):
+    polls = [(float(i), c) for i, c in enumerate([0, *counts])]
+    batches = as_batches(polls)
+    assert sum(b[2] for b in batches) == counts[-1]
+    assert all(b[2] > 0 and b[0] < b[1] for b in batches)
+    assert all(x[1] <= y[0] for x, y in itertools.pairwise(batches))
