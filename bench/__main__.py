@@ -7,6 +7,7 @@ bench/README.md."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -31,7 +32,7 @@ from hack.testbed.spark import connector_jars
 
 from . import peers, warm_up_option
 from .data import TABLE, produce
-from .measure import steady
+from .measure import rate, steady
 from .profile import summarize_jfr
 
 BATCH_LINE = re.compile(r"^(\S+ \S+) INFO chsink\.job: batch (\d+): (\d+) records from \d+ partitions in ([\d.]+)s")
@@ -122,6 +123,16 @@ def _sample(proc: subprocess.Popen[Any] | None) -> RssSampler | None:
     return sampler
 
 
+@contextlib.contextmanager
+def own_server(work: Path, zookeeper: ZooKeeper | None = None) -> Iterator[ClickHouseServer]:
+    """A fresh ClickHouse server for one run over HTTP, beside its work dir. A server that served an earlier run
+    may still be merging that run's parts, and the next run would pay for it: (e) used 2.3-4.3 us of server CPU per
+    row in full runs where it shared a server with (f), and 2.1 alone on a fresh one."""
+    with ClickHouseServer(work.with_name(f"{work.name}-clickhouse"), zookeeper) as server:
+        assert isinstance(server, ClickHouseServer)
+        yield server
+
+
 def jfr(profile: Path) -> Path:
     """Where the driver JVM's flight recording of a profiled run goes, beside py-spy's profile."""
     return profile.with_name("profile-c.jfr")
@@ -200,23 +211,22 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
     if rows != n:
         raise RuntimeError(f"job delivered {rows} records, expected {n}:\n{text[-3000:]}")
     kept = steady([b[:3] for b in batches], warm_s)
-    wall = kept[-1][1] - kept[0][0]
     if profile:
         profile.with_name("profile-c-jvm.txt").write_text(summarize_jfr(str(jfr(profile)), kept[0][0],
                                                                         kept[-1][1]) + "\n")
     lat = sorted(b[3] for b in batches)
     warming = [b for b in batches[1:] if b[0] < kept[0][0]]  # the warm-up's own rate, as a run without one measures
-    return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in kept) / wall, "batches": len(batches),
+    return {"rows": rows, "seconds": kept[-1][1] - kept[0][0], "rows_per_s": rate(kept), "batches": len(batches),
             "steady_batches": len(kept),
-            **({"warm_up_rows_per_s": sum(b[2] for b in warming) / (warming[-1][1] - warming[0][0])}
-               if len(warming) > 1 else {}),
-            "first_batch_s": batches[0][3], "all_batches_rows_per_s": rows / (batches[-1][1] - batches[0][0]),
+            **({"warm_up_rows_per_s": rate(warming)} if len(warming) > 1 else {}),
+            "first_batch_s": batches[0][3], "all_batches_rows_per_s": rate(batches),
             "batch_p50_s": statistics.median(lat), "batch_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "peak_rss": {k: round(v, 1) for k, v in sampler.peak.items()},
             "cpu_cores_used": {**sampler.cores_used(kept[0][0], kept[-1][1]),
                                **{k: s.cores_used(kept[0][0], kept[-1][1])["total"]
                                   for k, s in others.items() if s is not None}},
             "path": "http, executors" if server else "embedded chdb, driver",
+            **({"clickhouse_server_pid": server.proc.pid} if server and server.proc else {}),
             "max_offsets_per_trigger": max_offsets}
 
 
@@ -239,20 +249,22 @@ PEERS = {"g": "ClickHouse Kafka Connect sink, exactlyOnce=true (KeeperMap)",
          "h": "ClickHouse Kafka Connect sink, at-least-once", "i": "clickhouse_sinker, at-least-once"}
 
 
-def run_peers(work: Path, kafka: Kafka, topic: str, n: int, server: ClickHouseServer,
+def run_peers(work: Path, kafka: Kafka, topic: str, n: int, zookeeper: ZooKeeper,
               warm_s: float = 0.0) -> dict[str, Any]:
-    """(g)/(h)/(i); a peer that is not built, or fails, is reported with the reason instead of figures."""
+    """(g)/(h)/(i), each on a ClickHouse server of its own, as chsink's HTTP runs are (own_server); a peer that is
+    not built, fails, or runs shorter than the warm-up is reported with the reason instead of figures."""
     out: dict[str, Any] = {}
     for key in PEERS:
         say(f"({key}) {PEERS[key]}")
         try:
-            if key == "i":
-                out[key] = peers.run_sinker(work / key, kafka.bootstrap, topic, n, server, _sample, warm_s)
-            else:
-                out[key] = peers.run_connect(work / key, kafka.bootstrap, topic, n, server, key == "g", _sample,
-                                             warm_s)
+            with own_server(work / key, zookeeper) as server:
+                if key == "i":
+                    out[key] = peers.run_sinker(work / key, kafka.bootstrap, topic, n, server, _sample, warm_s)
+                else:
+                    out[key] = peers.run_connect(work / key, kafka.bootstrap, topic, n, server, key == "g", _sample,
+                                                 warm_s)
             say(f"    {out[key]['rows_per_s']:,.0f} rows/s, {out[key]['duplicates']} duplicates")
-        except (peers.PeerMissingError, RuntimeError) as e:
+        except (peers.PeerMissingError, RuntimeError, ValueError) as e:
             out[key] = {"unavailable": str(e)[:2000]}
             say(f"    not measured: {str(e).splitlines()[0]}")
     return out
@@ -260,8 +272,8 @@ def run_peers(work: Path, kafka: Kafka, topic: str, n: int, server: ClickHouseSe
 
 def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Namespace, sweep: list[int],
               profile: Path | None, flip: bool) -> Iterator[tuple[str, dict[str, Any]]]:
-    """One round of the measurements: (a), (c) and (d), both on dirty data, (k), (e) and (f) on a ClickHouse
-    server of the round's own, then the sweep; each as (key, result) when done. `flip` runs the at-least-once
+    """One round of the measurements: (a), (c) and (d), both on dirty data, (k), (e) and (f) each on a ClickHouse
+    server of its own, then the sweep; each as (key, result) when done. `flip` runs the at-least-once
     run of each pair first, so that no side of a ratio always follows the same run."""
     def pair(exactly_once: str, at_least_once: str) -> list[tuple[str, bool]]:
         both = [(exactly_once, True), (at_least_once, False)]
@@ -280,9 +292,8 @@ def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Name
                                       dlq="bench-dlq", warm_s=warm)
     yield "k", run_job(work / "k", kafka, topic, a.events, a.batch, True, a.block, key_shards=2, warm_s=warm)
     if not a.no_http:
-        with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
-            assert isinstance(server, ClickHouseServer)
-            for key, eo in pair("e", "f"):
+        for key, eo in pair("e", "f"):
+            with own_server(work / key) as server:
                 yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, server=server,
                                    warm_s=warm)
     for m in sweep:
@@ -410,9 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                     say(f"    ({key}) {res['rows_per_s']:,.0f} rows/s")
             res_peers: dict[str, Any] = {}
             if not a.no_http and not a.no_peers:
-                with ZooKeeper(work / "zookeeper") as zk, ClickHouseServer(work / "clickhouse", zk) as server:
-                    assert isinstance(server, ClickHouseServer)
-                    res_peers = run_peers(work, kafka, topic, a.events, server, a.warm_up)
+                with ZooKeeper(work / "zookeeper") as zk:
+                    res_peers = run_peers(work, kafka, topic, a.events, zk, a.warm_up)
     med = {key: _median_run(rs) for key, rs in runs.items()}
     res_a, res_c, res_d, res_k = med["a"], med["c"], med["d"], med["k"]
     res_e, res_f = med.get("e", {}), med.get("f", {})

@@ -28,10 +28,9 @@ from typing import Any
 
 from hack.testbed import Kafka
 from hack.testbed.process import REPO
-from hack.testbed.servers import ClickHouseServer
 
 from . import probe_options, publish
-from .__main__ import run_job
+from .__main__ import own_server, run_job
 from .data import probe_topics
 
 
@@ -70,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         trees = stack.enter_context(worktrees(a.refs, root))
         commits = {ref: sha for ref, (sha, _) in trees.items()}
         kafka = stack.enter_context(Kafka(root / "kafka"))
-        server = stack.enter_context(ClickHouseServer(root / "clickhouse")) if a.path == "e" else None
         probe_topics(kafka, a.events, a.partitions, a.dirty)
         data = ["clean", "dirty"] if a.dirty else ["clean"]
         for rep in range(a.reps):
@@ -78,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
                 _, tree = trees[ref]
                 for kind in (data if rep % 2 == 0 else list(reversed(data))):
                     dirty = kind == "dirty"
-                    r = run_job(root / f"run{len(runs)}", kafka, "bench-dirty" if dirty else "bench", a.events,
-                                a.batch, True, a.block, server=server, dlq="bench-dlq" if dirty else None,
-                                key_shards=2 if a.path == "k" else 0, repo=tree, warm_s=a.warm_up)
+                    work = root / f"run{len(runs)}"
+                    with own_server(work) if a.path == "e" else contextlib.nullcontext() as server:
+                        r = run_job(work, kafka, "bench-dirty" if dirty else "bench", a.events, a.batch, True,
+                                    a.block, server=server, dlq="bench-dlq" if dirty else None,
+                                    key_shards=2 if a.path == "k" else 0, repo=tree, warm_s=a.warm_up)
                     rate = r["rows_per_s"]
                     res = {"ref": ref, "rep": rep, "data": kind, "rows_per_s": round(rate),
                            "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()}}

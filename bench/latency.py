@@ -16,6 +16,7 @@ no test asserts a figure)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import random
@@ -25,7 +26,6 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from hack.testbed.process import REPO
 from hack.testbed.servers import ClickHouseServer
 
 from . import probe_options, publish
-from .__main__ import run_job
+from .__main__ import own_server, run_job
 from .data import TABLE, event
 from .variants import normalized
 
@@ -108,15 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     variants = {name: normalized(v) for name, v in json.loads(a.variants).items()}
     paths = a.paths.split(",")
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="chsink-latency-") as tmp, ExitStack() as stack:
+    with tempfile.TemporaryDirectory(prefix="chsink-latency-") as tmp, contextlib.ExitStack() as stack:
         kafka = stack.enter_context(Kafka(Path(tmp) / "kafka"))
-        server = stack.enter_context(ClickHouseServer(Path(tmp) / "clickhouse")) if "e" in paths else None
         for rep in range(a.reps):
             for name in (list(variants) if rep % 2 == 0 else list(reversed(variants))):
                 for path in paths:
-                    res = {"variant": name, "path": path, "rep": rep,
-                           **one(Path(tmp) / f"{path}_{name}_{rep}", kafka, server if path == "e" else None, a,
-                                 variants[name])}
+                    work = Path(tmp) / f"{path}_{name}_{rep}"
+                    with own_server(work) if path == "e" else contextlib.nullcontext() as server:
+                        res = {"variant": name, "path": path, "rep": rep, **one(work, kafka, server, a, variants[name])}
                     print(json.dumps(res), file=sys.stderr, flush=True)
                     runs.append(res)
     medians = {f"{path}/{name}": {q: statistics.median(r["latency_ms"][q] for r in runs

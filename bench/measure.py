@@ -7,7 +7,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -24,6 +24,12 @@ def steady(batches: list[tuple[float, float, int]], warm_s: float = 0.0) -> list
     if not kept:
         raise ValueError(f"no batch starts {warm_s:g}s after the first of {len(batches)}: give the run more events")
     return kept
+
+
+def rate(batches: Sequence[tuple[float, ...]]) -> float:
+    """Rows per second over `batches`, each (start, end, rows, ...), in order: all their rows over the time from the
+    first one's start to the last one's end, so that the gaps between batches count too."""
+    return sum(b[2] for b in batches) / (batches[-1][1] - batches[0][0])
 
 
 def after_warm_up(run: Callable[[], T], warm_s: float, clock: Callable[[], float] = time.monotonic) -> T:
@@ -117,8 +123,7 @@ def stream_source(bootstrap: str, topic: str, jars: str, events: int, max_offset
     if rows != events:
         raise RuntimeError(f"the streaming source read {rows} records, expected {events}")
     kept = steady(batches)
-    wall = kept[-1][1] - kept[0][0]
-    return {"rows": rows, "seconds": wall, "rows_per_s": sum(b[2] for b in kept) / wall, "batches": len(batches),
+    return {"rows": rows, "seconds": kept[-1][1] - kept[0][0], "rows_per_s": rate(kept), "batches": len(batches),
             "max_offsets_per_trigger": max_offsets, "steady_from": kept[0][0], "steady_to": kept[-1][1]}
 
 

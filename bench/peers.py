@@ -20,7 +20,7 @@ from hack.testbed.process import cache_dir, free_port, versions
 from hack.testbed.servers import ClickHouseServer, _java
 
 from .data import TABLE
-from .measure import as_batches, steady
+from .measure import as_batches, rate, steady
 
 
 class PeerMissingError(RuntimeError):
@@ -75,7 +75,7 @@ def _until_landed(client: Any, db: str, n: int, proc: subprocess.Popen[bytes], l
     first, end = kept[0][0], kept[-1][1]
     [[unique]] = client.query(f"SELECT uniqExact(id) FROM {db}.events").result_rows
     return {"rows": count, "unique_ids": int(unique), "duplicates": count - int(unique),
-            "seconds": end - first, "rows_per_s": sum(b[2] for b in kept) / (end - first),
+            "seconds": end - first, "rows_per_s": rate(kept),
             "start_to_first_row_s": batches[0][1] - started, "from_start_rows_per_s": count / (end - started),
             "steady_polls": len(kept),
             "cpu_cores_used": {"peer": sampler.cores_used(first, end)["total"],
@@ -99,7 +99,8 @@ def _run(cmd: list[str], work: Path, server: ClickHouseServer, db: str, client: 
         proc = subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT)
     sampler, served = sample(proc), sample(server.proc)
     try:
-        return _until_landed(client, db, n, proc, log, sampler, served, fatal=fatal, warm_s=warm_s)
+        return {**_until_landed(client, db, n, proc, log, sampler, served, fatal=fatal, warm_s=warm_s),
+                **({"clickhouse_server_pid": server.proc.pid} if server.proc else {})}
     finally:
         sampler.done.set()
         if served:

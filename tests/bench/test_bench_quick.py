@@ -34,6 +34,9 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
         assert ("unavailable" in got) != ("rows_per_s" in got), got
         if "rows_per_s" in got:
             assert got["rows"] == data["events"] and data[f"ratio_e_{peer}"] > 0
+    # each run over HTTP, chsink's and the peers', on a ClickHouse server of its own (bench.__main__.own_server)
+    servers = [data[k]["clickhouse_server_pid"] for k in ("e", "f", "g", "h", "i") if "rows_per_s" in data[k]]
+    assert len(set(servers)) == len(servers) >= 2, servers
     assert data["c"]["peak_rss"]["driver_jvm_mb"] > 0 and data["c"]["peak_rss"]["driver_python_mb"] > 0
     assert data["c"]["batch_p99_s"] >= data["c"]["batch_p50_s"] > 0
     assert out.with_suffix(".png").stat().st_size > 10_000

@@ -1,5 +1,5 @@
 """Which batches a benchmark's rate is taken over (bench.measure.steady), a peer's polled row counts as such
-batches (as_batches), and the repeated runs a warm measurement takes (after_warm_up): pure, no run."""
+batches (as_batches), the rate over them (rate), and the repeated runs a warm measurement takes (after_warm_up): pure, no run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.measure import after_warm_up, as_batches, steady
+from bench.measure import after_warm_up, as_batches, rate, steady
 
 
 def _batches(starts: list[float]) -> list[tuple[float, float, int]]:
@@ -73,3 +73,9 @@ def test_polled_batches_hold_every_row_once_in_order(counts):
     assert sum(b[2] for b in batches) == counts[-1]
     assert all(b[2] > 0 and b[0] < b[1] for b in batches)
     assert all(x[1] <= y[0] for x, y in itertools.pairwise(batches))
+
+
+def test_a_rate_counts_the_gaps_between_batches_and_ignores_extra_fields():
+    # 3,000 rows from the first start (1.0) to the last end (4.0); the idle second between the batches counts
+    assert rate([(1.0, 2.0, 1000), (3.0, 4.0, 2000)]) == 1000.0
+    assert rate([(1.0, 2.0, 1000, 0.7)]) == 1000.0  # a job's batches carry their duration too
