@@ -1,5 +1,5 @@
 """The benchmark harnesses (`python -m bench`, `bench.formats`, `bench.writer`, `bench.variants`, `bench.commits`,
-`bench.latency`)."""
+`bench.latency`, `bench.versus`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def publish(results: dict[str, Any], out: str, name: str) -> int:
 
 def probe_options(ap: Any, name: str, reps: int) -> None:
     """The options of the probes that run the job side by side on one data set (bench.variants, bench.commits,
-    bench.latency): reps, the topic's partitions, the job's batch and block sizes, and where the results go."""
+    bench.latency, bench.versus): reps, the topic's partitions, the job's batch and block sizes, and where the
+    results go."""
     ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batch", type=int, default=400_000, help="maxOffsetsPerTrigger")

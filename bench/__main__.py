@@ -249,6 +249,14 @@ PEERS = {"g": "ClickHouse Kafka Connect sink, exactlyOnce=true (KeeperMap)",
          "h": "ClickHouse Kafka Connect sink, at-least-once", "i": "clickhouse_sinker, at-least-once"}
 
 
+def run_peer(key: str, work: Path, kafka: Kafka, topic: str, n: int, server: ClickHouseServer,
+             warm_s: float = 0.0) -> dict[str, Any]:
+    """Peer `key` of PEERS on `server` until it landed n rows: its figures (bench.peers)."""
+    if key == "i":
+        return peers.run_sinker(work, kafka.bootstrap, topic, n, server, _sample, warm_s)
+    return peers.run_connect(work, kafka.bootstrap, topic, n, server, key == "g", _sample, warm_s)
+
+
 def run_peers(work: Path, kafka: Kafka, topic: str, n: int, zookeeper: ZooKeeper,
               warm_s: float = 0.0) -> dict[str, Any]:
     """(g)/(h)/(i), each on a ClickHouse server of its own, as chsink's HTTP runs are (own_server); a peer that is
@@ -258,11 +266,7 @@ def run_peers(work: Path, kafka: Kafka, topic: str, n: int, zookeeper: ZooKeeper
         say(f"({key}) {PEERS[key]}")
         try:
             with own_server(work / key, zookeeper) as server:
-                if key == "i":
-                    out[key] = peers.run_sinker(work / key, kafka.bootstrap, topic, n, server, _sample, warm_s)
-                else:
-                    out[key] = peers.run_connect(work / key, kafka.bootstrap, topic, n, server, key == "g", _sample,
-                                                 warm_s)
+                out[key] = run_peer(key, work / key, kafka, topic, n, server, warm_s)
             say(f"    {out[key]['rows_per_s']:,.0f} rows/s, {out[key]['duplicates']} duplicates")
         except (peers.PeerMissingError, RuntimeError, ValueError) as e:
             out[key] = {"unavailable": str(e)[:2000]}

@@ -42,6 +42,14 @@ def _sinker_bin() -> Path:
     return path
 
 
+def require(key: str) -> None:
+    """PeerMissingError unless peer `key` is built: "g" and "h" are the Kafka Connect sink, "i" clickhouse_sinker."""
+    if key == "i":
+        _sinker_bin()
+    else:
+        _connect_home()
+
+
 def _table(server: ClickHouseServer, db: str) -> Any:
     import clickhouse_connect
 

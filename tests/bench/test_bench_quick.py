@@ -152,3 +152,22 @@ def test_variants_quick_writes_json(tmp_path):
     assert [r["variant"] for r in data["runs"]] == ["default", "young"]
     assert all(r["rows_per_s"] > 0 and r["gc"]["pauses"] >= 0 for r in data["runs"])
     assert set(data["medians"]) == {"default", "young"}
+
+
+def test_versus_quick_writes_json(tmp_path):
+    """`python -m bench.versus`: (e) alternated with clickhouse_sinker, each run on a ClickHouse server of its own,
+    the order reversed every other rep; the sinker recorded as unavailable where hack/peers.sh did not build it."""
+    res = subprocess.run([sys.executable, "-m", "bench.versus", "--peers", "i", "--reps", "2", "--events", "20000",
+                          "--batch", "5000", "--block", "5000", "--partitions", "2", "--out", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-versus.json"))
+    data = json.loads(out.read_text())
+    built = "i" not in data["unavailable"]
+    order = [("e", 0), ("i", 0), ("i", 1), ("e", 1)] if built else [("e", 0), ("e", 1)]
+    assert [(r["key"], r["rep"]) for r in data["runs"]] == order
+    # the CPU clock ticks in 10 ms and is sampled: a peer's short run may show none
+    assert all(r["rows_per_s"] > 0 and r["cpu_us_per_row"] >= 0 for r in data["runs"])
+    assert len({r["clickhouse_server_pid"] for r in data["runs"]}) == len(order)
+    if built:
+        assert len(data["ratios_e_to"]["i"]) == 2 and all(r["duplicates"] == 0 for r in data["runs"] if r["key"] == "i")
