@@ -14,6 +14,7 @@ from .config import ConfigError, SinkConfig, UnavailableError, load_config
 from .core.state_machine import IrrecoverableStateError
 from .delivery.context import DataLossError
 from .edges.store import FencedError
+from .spark.session import keep_arrow_memory
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +46,7 @@ _EXITS: dict[type[Exception], tuple[int, str]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    keep_arrow_memory()  # before anything loads pyarrow
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "kazoo", "urllib3"):
