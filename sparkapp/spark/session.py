@@ -13,10 +13,10 @@ log = logging.getLogger("chsink.job")
 DIRECT_RESULT_MAX = "64m"
 # Spark's own "no limit" for the bytes of an Arrow batch sent to a Python worker (Int.MaxValue); see session_conf
 ARROW_BATCH_BYTES_UNBOUNDED = str(2**31 - 1)
-# Arrow's allocator (mimalloc) hands memory back to the system 10 ms after it is freed. A batch's lines, and the
-# copy a window's sifting makes without its bad records, are each some 15 MB per partition: every batch then got
-# them as fresh pages, faulted in one by one, up to 40 ms a copy that takes 2.5 on pages kept. Kept for 10 s,
-# longer than a batch takes, the next batch reuses them; a job left idle still gives them back.
+# Arrow's allocator (mimalloc) hands memory back to the system 1 s after it is freed, less than a batch takes. A
+# batch's lines, and the copy a window's sifting makes without its bad records, are each some 15 MB per partition:
+# every batch then got them as fresh pages, faulted in one by one, up to 40 ms for a copy that takes 2.5 on pages
+# kept. Kept for 10 s, the next batch reuses them; a job left idle still gives them back.
 ARROW_ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "10000"}
 
 

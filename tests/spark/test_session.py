@@ -4,11 +4,14 @@ driver JVM on the throughput collector unless the user's sparkConf names another
 MB (a Kafka partition's share of a micro-batch as Arrow) handed to the driver directly, not stored in the block
 manager and fetched back from it, unless the user's sparkConf bounds it; and the Arrow batches the executors hand their
 Python workers bounded by rows only, unless the user's sparkConf bounds their bytes (under a byte limit Spark measures
-the batch after every row)."""
+the batch after every row); and Arrow's allocator in every Python process of the job, the driver's and the executors'
+workers, keeping freed memory for 10 s instead of 1 s, unless the environment or sparkConf says otherwise (each
+batch's lines would otherwise come back as fresh pages to fault in)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,6 +30,15 @@ levels = {name: str(jvm.org.apache.logging.log4j.LogManager.getLogger(name).getL
           for name in ("", "org.apache.kafka.clients.consumer.internals.SubscriptionState")}
 arrow_batch_bytes = int(spark._jsparkSession.sessionState().conf().arrowMaxBytesPerBatch())
 collectors = sorted(str(b.getName()) for b in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans())
+def purge_delay(batches):
+    import os
+    import pyarrow as pa
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{"v": os.environ.get("MIMALLOC_PURGE_DELAY", "")}])
+
+# what the executors' Python workers were started with
+workers = sorted({r.v for r in spark.range(0, 2, 1, 2).mapInArrow(purge_delay, "v string").collect()})
 # two tasks of ~3 MB of Arrow each, as toArrow hands a micro-batch to the driver; the executor says how each
 # result went (at INFO, on stderr)
 jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
@@ -34,20 +46,37 @@ jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
 rows = spark.range(0, 4, 1, 2).selectExpr("repeat('x', 1500000) AS v").toArrow().num_rows
 spark.stop()
 print("JVM " + json.dumps({"levels": levels, "collectors": collectors, "rows": rows,
-                          "arrow_batch_bytes": arrow_batch_bytes}))
+                          "arrow_batch_bytes": arrow_batch_bytes, "workers_purge_delay": workers}))
 """
+# the job's entry point, then pyarrow loaded as the job loads it: after `main` ran (here with a config that is not
+# there, exit 2); mimalloc prints its options as it starts (MIMALLOC_VERBOSE)
+_MAIN_THEN_ARROW = """
+import sys
+from sparkapp.__main__ import main
+assert main(["verify", "--config", "/nonexistent/sink.yaml"]) == 2
+import pyarrow as pa
+pa.array(range(1000))
+"""
+
+
+def _mimalloc_option(stderr: str, name: str) -> list[str]:
+    return [x.split(":", 1)[1].strip() for x in stderr.splitlines() if x.startswith(f"option '{name}':")]
 
 
 def _driver_jvm(spark_conf: dict[str, str]) -> dict[str, object]:
     """The job's session built in a Python process of its own (one JVM per process: its options apply once)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
     res = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spark_conf)], cwd=REPO, capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=300, env={**env, "MIMALLOC_VERBOSE": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     line = next(x for x in res.stdout.splitlines() if x.startswith("JVM "))
     out: dict[str, object] = json.loads(line[len("JVM "):])
     sent = [x for x in res.stderr.splitlines() if "bytes result sent" in x]
     assert out["rows"] == 4 and len(sent) == 2, res.stderr[-3000:]
     out["results_via_block_manager"] = sum("via BlockManager" in x for x in sent)
+    # what mimalloc itself read, in each Python process that loaded pyarrow: this one (which ran no `main`, so
+    # mimalloc's own default) and the workers
+    out["mimalloc_purge_delay"] = sorted(set(_mimalloc_option(res.stderr, "purge_delay")))
     return out
 
 
@@ -58,9 +87,27 @@ def test_spark_and_kafka_client_log_at_warn_and_the_driver_jvm_runs_parallel_gc_
     assert default["results_via_block_manager"] == 0, default  # Spark's default (1 MB) sends both through it
     # Int.MaxValue exactly: the value for which Spark skips measuring the Arrow batch after each row it adds
     assert default["arrow_batch_bytes"] == 2**31 - 1, default
+    assert default["workers_purge_delay"] == ["10000"], default
+    assert "10000" in default["mimalloc_purge_delay"], default  # mimalloc in the workers took it
     asked = _driver_jvm({"spark.log.level": "INFO", "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
-                         "spark.task.maxDirectResultSize": "1m", "spark.sql.execution.arrow.maxBytesPerBatch": "64m"})
+                         "spark.task.maxDirectResultSize": "1m", "spark.sql.execution.arrow.maxBytesPerBatch": "64m",
+                         "spark.executorEnv.MIMALLOC_PURGE_DELAY": "20"})
     assert set(asked["levels"].values()) == {"INFO"}, asked
     assert asked["collectors"] == ["Copy", "MarkSweepCompact"], asked  # the user's collector, alone
     assert asked["results_via_block_manager"] == 2, asked  # the user's bound, kept
     assert asked["arrow_batch_bytes"] == 64 << 20, asked
+    assert asked["workers_purge_delay"] == ["20"], asked
+    assert "10000" not in asked["mimalloc_purge_delay"], asked
+
+
+def test_the_drivers_arrow_allocator_keeps_freed_memory_unless_the_environment_says_otherwise():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
+
+    def purge_delay(extra: dict[str, str]) -> list[str]:
+        res = subprocess.run([sys.executable, "-c", _MAIN_THEN_ARROW], cwd=REPO, capture_output=True, text=True,
+                             timeout=120, env={**env, "MIMALLOC_VERBOSE": "1", **extra})
+        assert res.returncode == 0, res.stderr[-3000:]
+        return _mimalloc_option(res.stderr, "purge_delay")
+
+    assert purge_delay({}) == ["10000"]  # set by `main` before pyarrow loaded: nothing the job imports loads it first
+    assert purge_delay({"MIMALLOC_PURGE_DELAY": "50"}) == ["50"]
