@@ -16,6 +16,9 @@ With `--dirty F` each batch is followed by the same events with a share F of bad
 bench`) on a topic of their own, dead-lettered to a real Kafka broker: `deliver_all_dirty`, and the CPU per row
 dirty data adds to the writer, batch by batch beside the clean one.
 
+It runs with Arrow's allocator set as the job sets it (`sparkapp.spark.session.keep_arrow_memory`), unless
+MIMALLOC_PURGE_DELAY is in the environment; the results name the setting.
+
 `python -m bench.writer` prints one JSON object and writes bench/results/<date>-writer.json."""
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import contextlib
 import datetime as dt
 import itertools
+import os
 import random
 import statistics
 import tempfile
@@ -86,6 +90,9 @@ def _beside(fn: Callable[[], Any]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sparkapp.spark.session import keep_arrow_memory
+
+    keep_arrow_memory()  # as the job's driver does, before pyarrow loads (MIMALLOC_PURGE_DELAY in the environment wins)
     ap = argparse.ArgumentParser(prog="python -m bench.writer")
     ap.add_argument("--events", type=int, default=400_000, help="records per batch")
     ap.add_argument("--partitions", type=int, default=8)
@@ -204,7 +211,8 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
     us = 1e6 / (per_batch * (len(batches) - 1 or 1))
     results: dict[str, Any] = {
         "date": dt.date.today().isoformat(), "events_per_batch": per_batch, "partitions": a.partitions,
-        "batches": a.batches, "deliver_all": _deliveries(deliver["clean"], per_batch),
+        "batches": a.batches, "mimalloc_purge_delay_ms": int(os.environ["MIMALLOC_PURGE_DELAY"]),
+        "deliver_all": _deliveries(deliver["clean"], per_batch),
         "stages_cpu_us_per_row": {k: round(v * us, 3) for k, v in stages.items()},
         "gil": {"spin_alone_per_s": round(alone), "spin_during_insert_per_s": round(during),
                 "ratio_during_alone": round(during / alone, 3), "process_cores_during_insert": round(cores, 2),
