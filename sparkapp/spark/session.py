@@ -52,8 +52,9 @@ def session_conf(cfg: SinkConfig) -> dict[str, str]:
     # row limit (`spark.sql.execution.arrow.maxRecordsPerBatch`, 10,000) still closes each batch, and the worker
     # holds all of its task's batches anyway, so the byte limit bounded nothing the task's data does not.
     conf.setdefault("spark.sql.execution.arrow.maxBytesPerBatch", ARROW_BATCH_BYTES_UNBOUNDED)
-    for k, v in ARROW_ALLOCATOR_ENV.items():  # the executors' Python workers: their pyarrow loads in them
-        conf.setdefault(f"spark.executorEnv.{k}", v)
+    # the allocator of the executors' Python workers (their pyarrow loads in them), as the driver has it
+    for k, v in ARROW_ALLOCATOR_ENV.items():
+        conf.setdefault(f"spark.executorEnv.{k}", os.environ.get(k, v))
     if not os.environ.get("SPARK_ENV_LOADED") and "spark.jars" not in conf:  # launched by spark-submit: its job
         jars = kafka_connector_jars(conf)
         if jars:

@@ -63,11 +63,11 @@ def _mimalloc_option(stderr: str, name: str) -> list[str]:
     return [x.split(":", 1)[1].strip() for x in stderr.splitlines() if x.startswith(f"option '{name}':")]
 
 
-def _driver_jvm(spark_conf: dict[str, str]) -> dict[str, object]:
+def _driver_jvm(spark_conf: dict[str, str], env: dict[str, str] | None = None) -> dict[str, object]:
     """The job's session built in a Python process of its own (one JVM per process: its options apply once)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
     res = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spark_conf)], cwd=REPO, capture_output=True,
-                         text=True, timeout=300, env={**env, "MIMALLOC_VERBOSE": "1"})
+                         text=True, timeout=300, env={**clean, "MIMALLOC_VERBOSE": "1", **(env or {})})
     assert res.returncode == 0, res.stderr[-3000:]
     line = next(x for x in res.stdout.splitlines() if x.startswith("JVM "))
     out: dict[str, object] = json.loads(line[len("JVM "):])
@@ -98,6 +98,9 @@ def test_spark_and_kafka_client_log_at_warn_and_the_driver_jvm_runs_parallel_gc_
     assert asked["arrow_batch_bytes"] == 64 << 20, asked
     assert asked["workers_purge_delay"] == ["20"], asked
     assert "10000" not in asked["mimalloc_purge_delay"], asked
+    # the driver's environment (as the driver's `main` leaves it) goes to the workers unless sparkConf says otherwise
+    driven = _driver_jvm({}, {"MIMALLOC_PURGE_DELAY": "50"})
+    assert driven["workers_purge_delay"] == ["50"] and driven["mimalloc_purge_delay"] == ["50"], driven
 
 
 def test_the_drivers_arrow_allocator_keeps_freed_memory_unless_the_environment_says_otherwise():
