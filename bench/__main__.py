@@ -226,7 +226,7 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
                                **{k: s.cores_used(kept[0][0], kept[-1][1])["total"]
                                   for k, s in others.items() if s is not None}},
             "path": "http, executors" if server else "embedded chdb, driver",
-            **({"clickhouse_server_pid": server.proc.pid} if server and server.proc else {}),
+            **peers.served_by(server),
             "max_offsets_per_trigger": max_offsets}
 
 

@@ -108,12 +108,17 @@ def _run(cmd: list[str], work: Path, server: ClickHouseServer, db: str, client: 
     sampler, served = sample(proc), sample(server.proc)
     try:
         return {**_until_landed(client, db, n, proc, log, sampler, served, fatal=fatal, warm_s=warm_s),
-                **({"clickhouse_server_pid": server.proc.pid} if server.proc else {})}
+                **served_by(server)}
     finally:
         sampler.done.set()
         if served:
             served.done.set()
         _stop(proc)
+
+
+def served_by(server: ClickHouseServer | None) -> dict[str, int]:
+    """Which ClickHouse server process a run wrote to, for its results (none: the embedded chdb)."""
+    return {"clickhouse_server_pid": server.proc.pid} if server is not None and server.proc else {}
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

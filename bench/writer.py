@@ -16,8 +16,8 @@ With `--dirty F` each batch is followed by the same events with a share F of bad
 bench`) on a topic of their own, dead-lettered to a real Kafka broker: `deliver_all_dirty`, and the CPU per row
 dirty data adds to the writer, batch by batch beside the clean one.
 
-It runs with Arrow's allocator set as the job sets it (`sparkapp.spark.session.keep_arrow_memory`), unless
-MIMALLOC_PURGE_DELAY is in the environment; the results name the setting.
+It runs with Arrow's allocator set as the job sets it (`sparkapp.spark.session.keep_arrow_memory`), unless the
+environment sets it; the results give the setting (`arrow_allocator`).
 
 `python -m bench.writer` prints one JSON object and writes bench/results/<date>-writer.json."""
 
@@ -39,6 +39,7 @@ from typing import Any
 
 from hack.testbed import Kafka
 from hack.testbed.process import REPO
+from sparkapp.spark.session import ARROW_ALLOCATOR_ENV, keep_arrow_memory
 
 from . import publish
 from .data import TABLE, encoded
@@ -90,9 +91,7 @@ def _beside(fn: Callable[[], Any]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sparkapp.spark.session import keep_arrow_memory
-
-    keep_arrow_memory()  # as the job's driver does, before pyarrow loads (MIMALLOC_PURGE_DELAY in the environment wins)
+    keep_arrow_memory()  # as the job's driver does, before pyarrow loads (the environment's own setting wins)
     ap = argparse.ArgumentParser(prog="python -m bench.writer")
     ap.add_argument("--events", type=int, default=400_000, help="records per batch")
     ap.add_argument("--partitions", type=int, default=8)
@@ -211,7 +210,7 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
     us = 1e6 / (per_batch * (len(batches) - 1 or 1))
     results: dict[str, Any] = {
         "date": dt.date.today().isoformat(), "events_per_batch": per_batch, "partitions": a.partitions,
-        "batches": a.batches, "mimalloc_purge_delay_ms": int(os.environ["MIMALLOC_PURGE_DELAY"]),
+        "batches": a.batches, "arrow_allocator": {k: os.environ[k] for k in ARROW_ALLOCATOR_ENV},
         "deliver_all": _deliveries(deliver["clean"], per_batch),
         "stages_cpu_us_per_row": {k: round(v * us, 3) for k, v in stages.items()},
         "gil": {"spin_alone_per_s": round(alone), "spin_during_insert_per_s": round(during),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from sparkapp.core.blocks import build_blocks, dedup_token
@@ -137,3 +138,10 @@ def proto_message(descriptor_set: str, name: str, fields: dict[str, Any]) -> byt
 
     cls = message_class(load_descriptor_set(descriptor_set), name)
     return bytes(json_format.ParseDict(fields, cls()).SerializeToString())
+
+
+def mimalloc_verbose_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without any setting of Arrow's allocator (mimalloc), which prints the options it took
+    (MIMALLOC_VERBOSE), plus `extra`: a child process's allocator is then what chsink or `extra` sets."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
+    return {**clean, "MIMALLOC_VERBOSE": "1", **(extra or {})}

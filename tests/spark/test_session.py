@@ -11,11 +11,11 @@ batch's lines would otherwise come back as fresh pages to fault in)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 from hack.testbed.process import REPO
+from tests.helpers import mimalloc_verbose_env
 
 _PROBE = """
 import json, sys
@@ -65,9 +65,8 @@ def _mimalloc_option(stderr: str, name: str) -> list[str]:
 
 def _driver_jvm(spark_conf: dict[str, str], env: dict[str, str] | None = None) -> dict[str, object]:
     """The job's session built in a Python process of its own (one JVM per process: its options apply once)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
     res = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spark_conf)], cwd=REPO, capture_output=True,
-                         text=True, timeout=300, env={**clean, "MIMALLOC_VERBOSE": "1", **(env or {})})
+                         text=True, timeout=300, env=mimalloc_verbose_env(env))
     assert res.returncode == 0, res.stderr[-3000:]
     line = next(x for x in res.stdout.splitlines() if x.startswith("JVM "))
     out: dict[str, object] = json.loads(line[len("JVM "):])
@@ -104,11 +103,9 @@ def test_spark_and_kafka_client_log_at_warn_and_the_driver_jvm_runs_parallel_gc_
 
 
 def test_the_drivers_arrow_allocator_keeps_freed_memory_unless_the_environment_says_otherwise():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
-
     def purge_delay(extra: dict[str, str]) -> list[str]:
         res = subprocess.run([sys.executable, "-c", _MAIN_THEN_ARROW], cwd=REPO, capture_output=True, text=True,
-                             timeout=120, env={**env, "MIMALLOC_VERBOSE": "1", **extra})
+                             timeout=120, env=mimalloc_verbose_env(extra))
         assert res.returncode == 0, res.stderr[-3000:]
         return _mimalloc_option(res.stderr, "purge_delay")
 
