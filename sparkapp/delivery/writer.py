@@ -48,6 +48,8 @@ def _ranges(plan: Plan) -> list[tuple[OffsetRange, bool]]:
 
 
 def _skipped(plan: Plan, offsets: Sequence[int]) -> int:
+    if not plan.skip:  # the common case: no pass over the batch's offsets
+        return 0
     return sum(1 for o in offsets for r in plan.skip if o in r)
 
 

@@ -6,7 +6,6 @@ executor task (mapInArrow, HTTP). Both report the same outcome row (PartitionOut
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 import typing
@@ -45,24 +44,30 @@ def _outcome_arrow_schema() -> Any:
 def partition_slices(tbl: Any) -> Iterator[tuple[str, int, Any]]:
     """Splits an Arrow batch of Kafka rows into per-topic-partition tables, offset-ordered (vectorized)."""
     import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    if tbl.num_rows == 0:
+    n = tbl.num_rows
+    if n == 0:
         return
     for attempt in range(2):
-        topics = tbl.column("topic").to_numpy(zero_copy_only=False)
+        # the topics compared in Arrow: as numpy they would be one Python string per row
+        topic = tbl.column("topic")
         parts = tbl.column("partition").to_numpy(zero_copy_only=False)
         offsets = tbl.column("offset").to_numpy(zero_copy_only=False)
-        cuts = np.flatnonzero((topics[1:] != topics[:-1]) | (parts[1:] != parts[:-1])) + 1
-        bounds = [0, *cuts.tolist(), tbl.num_rows]
+        moved = pc.not_equal(topic.slice(1), topic.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        cuts = np.flatnonzero(moved | (parts[1:] != parts[:-1])) + 1
+        bounds = [0, *cuts.tolist(), n]
+        topics = topic.take(pa.array(bounds[:-1], pa.int64())).to_pylist()
         rising = offsets[1:] > offsets[:-1]
         rising[cuts - 1] = True  # where a group starts, its first offset may be lower
-        groups = {(topics[i], parts[i]) for i in bounds[:-1]}
+        groups = set(zip(topics, parts[bounds[:-1]].tolist(), strict=True))
         if attempt or (len(groups) == len(bounds) - 1 and bool(rising.all())):
             break
         # Spark hands each Kafka partition over in offset order; sorting (a full copy) is the exception
         tbl = tbl.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
-    for a, b in itertools.pairwise(bounds):
-        yield str(topics[a]), int(parts[a]), tbl.slice(a, b - a)
+    for t, a, b in zip(topics, bounds[:-1], bounds[1:], strict=True):
+        yield str(t), int(parts[a]), tbl.slice(a, b - a)
 
 
 def table_messages(tbl: Any) -> list[Message]:
