@@ -21,7 +21,7 @@ from typing import Any
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import OffsetRange
 from ..edges.insert import InsertError, first_line
-from ..formats.jsoneachrow import Guard
+from ..formats.jsoneachrow import Guard, null_indexes
 from ..formats.rows import Decoder, decode_batch
 
 log = logging.getLogger(__name__)
@@ -53,22 +53,12 @@ def sift_range(windows: Sequence[tuple[OffsetRange, tuple[int, ...], Any]], guar
         if any(offsets[i] in kept for i in suspect):
             out.append(Sifted(w, offsets, lines, decoder=True))
             continue
-        drop = [*nulls(lines), *(i for i in (*suspect, *refusing) if offsets[i] in gone)]
+        drop = [*null_indexes(lines), *(i for i in (*suspect, *refusing) if offsets[i] in gone)]
         if drop:
             offsets, lines = without(offsets, lines, drop)
         if offsets:
             out.append(Sifted(w, offsets, lines))
     return out, list(dead)
-
-
-def nulls(lines: Any) -> list[int]:
-    """The indexes of a window's records without a line (dead-lettered up front, see LineBatch.odd)."""
-    if not lines.null_count:
-        return []
-    import numpy as np
-    import pyarrow.compute as pc
-
-    return np.flatnonzero(pc.is_null(lines).to_numpy(zero_copy_only=False)).tolist()
 
 
 def without(offsets: tuple[int, ...], lines: Any, drop: Sequence[int]) -> tuple[tuple[int, ...], Any]:

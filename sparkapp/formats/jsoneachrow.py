@@ -126,13 +126,19 @@ def _array(a: Any) -> Any:
 
 
 def _unless(ok: Any, lines: Any) -> Any:
-    """The lines, NULL where not `ok`; no copy when every record is."""
+    """The lines, NULL where not `ok`: `ok`'s bits become the lines' validity, so that a batch with bad records
+    does not copy its lines for them (null slots keep their bytes, which nothing reads: `payload` refuses a slice
+    holding one, and the sifting drops them)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    lines = _array(lines)
     if pc.all(ok).as_py():
-        return _array(lines)
-    return _array(pc.if_else(ok, lines, pa.scalar(None, pa.string())))
+        return lines
+    valid = _array(pc.and_(ok, pc.is_valid(lines)) if lines.null_count else ok)
+    if valid.offset or lines.offset or valid.null_count:  # bits that would not line up: copy instead
+        return _array(pc.if_else(ok, lines, pa.scalar(None, lines.type)))
+    return pa.Array.from_buffers(lines.type, len(lines), [valid.buffers()[1], *lines.buffers()[1:]])
 
 
 # Types whose JSON parsing in ClickHouse is at least as strict as the decoder's: a value that does not
@@ -290,6 +296,15 @@ def _unwrapped(t: CHType) -> CHType:
     return t
 
 
+def null_indexes(lines: Any) -> list[int]:
+    """The indexes of the records without a line (their few indexes, not a mask over all of them)."""
+    import pyarrow.compute as pc
+
+    if not lines.null_count:
+        return []
+    return [int(i) for i in pc.indices_nonzero(pc.is_null(lines)).to_numpy()]
+
+
 def window_slices(offsets: Any, windows: Sequence[OffsetRange]) -> list[tuple[OffsetRange, int, int]]:
     """(window, i, j): the rows [i, j) of sorted `offsets` inside each window that holds any."""
     import numpy as np
@@ -323,11 +338,7 @@ class LineBatch:
 
     def odd(self) -> list[Message]:
         """The records without a line."""
-        import numpy as np
-        import pyarrow.compute as pc
-
-        missing = pc.is_null(self.lines).to_numpy(zero_copy_only=False)
-        return self.take([int(o) for o in np.asarray(self.offsets)[missing]])
+        return self.take([self.offsets[i] for i in null_indexes(self.lines)])
 
     def windows(self, rng: OffsetRange, block_offsets: int) -> list[tuple[OffsetRange, tuple[int, ...], Any]]:
         """(window, offsets, lines) of the range's windows that hold records, slices of the batch: a record
