@@ -226,6 +226,24 @@ def test_a_flagged_line_the_decoder_keeps_sends_its_whole_window_through_the_dec
     assert client.query("SELECT note FROM alarm WHERE _offset = 145").result_rows == [("12345678901234567890123",)]
 
 
+def test_records_that_are_no_object_are_nulled_without_copying_the_lines():
+    """A batch's bad records cost no copy of its lines: the check's bits become the lines' validity, and the lines'
+    bytes are the very buffer they were built in."""
+    import pyarrow as pa
+
+    from sparkapp.formats.jsoneachrow import _unless
+
+    lines = pa.array(['{"id": 0}\n', "[1,2]\n", '{"id": 2}\n'])
+    for given in (lines, pa.array(['{"id": 0}\n', None, '{"id": 2}\n'])):
+        out = _unless(pa.array([True, False, True]), given)
+        out.validate(full=True)
+        assert out.to_pylist() == ['{"id": 0}\n', None, '{"id": 2}\n']
+        assert out.buffers()[2].address == given.buffers()[2].address  # not copied
+    msgs = [*(Message("src", 0, i, json.dumps({"id": i}).encode()) for i in range(5)), Message("src", 0, 5, b"[1,2]")]
+    assert build_lines(messages_table(msgs), ("id",), 1 << 20).to_pylist() == [
+        f'{{"id": {i}}}\n' for i in range(5)] + [None]
+
+
 def test_payload_is_the_slice_bytes():
     import pyarrow as pa
 
