@@ -133,10 +133,12 @@ def _unless(ok: Any, lines: Any) -> Any:
     import pyarrow.compute as pc
 
     lines = _array(lines)
+    if ok.null_count:  # an unknown is not ok
+        ok = pc.fill_null(ok, False)
     if pc.all(ok).as_py():
         return lines
     valid = _array(pc.and_(ok, pc.is_valid(lines)) if lines.null_count else ok)
-    if valid.offset or lines.offset or valid.null_count:  # bits that would not line up: copy instead
+    if valid.offset or lines.offset:  # bits that would not line up: copy instead
         return _array(pc.if_else(ok, lines, pa.scalar(None, lines.type)))
     return pa.Array.from_buffers(lines.type, len(lines), [valid.buffers()[1], *lines.buffers()[1:]])
 
