@@ -140,6 +140,14 @@ def proto_message(descriptor_set: str, name: str, fields: dict[str, Any]) -> byt
     return bytes(json_format.ParseDict(fields, cls()).SerializeToString())
 
 
+def sink_config(checkpoint: str = "/tmp/unused", spark_conf: dict[str, str] | None = None) -> dict[str, Any]:
+    """A sink's config (as SinkConfig validates it) for building the job's Spark session only: nothing it names
+    is reached but the checkpoint."""
+    return {"name": "s", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["t"]},
+            "clickhouse": {"endpoints": ["chdb:///tmp/unused"], "database": "d", "tables": {"t": "t"}},
+            "checkpointLocation": checkpoint, "sparkConf": spark_conf or {}}
+
+
 def mimalloc_verbose_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This environment without any setting of Arrow's allocator (mimalloc), which prints the options it took
     (MIMALLOC_VERBOSE), plus `extra`: a child process's allocator is then what chsink or `extra` sets."""

@@ -19,6 +19,7 @@ import pytest
 from hack.testbed.process import REPO
 from sparkapp.config import SinkConfig
 from sparkapp.spark.session import CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_CHECKPOINTS, is_local_path, session_conf
+from tests.helpers import sink_config
 
 # the commands Hadoop's Shell runs on local files
 _COMMANDS = ("chmod", "chown", "readlink", "stat", "ls", "ln")
@@ -28,10 +29,8 @@ _PROBE = """
 import json, sys, time
 from sparkapp.config import SinkConfig
 from sparkapp.spark.session import build_session, session_conf
-checkpoint, log, batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
-cfg = SinkConfig.model_validate({"name": "s", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["t"]},
-    "clickhouse": {"endpoints": ["chdb:///tmp/unused"], "database": "d", "tables": {"t": "t"}},
-    "checkpointLocation": checkpoint})
+cfg = SinkConfig.model_validate(json.loads(sys.argv[1]))
+checkpoint, log, batches = cfg.checkpoint_location, sys.argv[2], int(sys.argv[3])
 spark = build_session(cfg, session_conf(cfg))
 q = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 10).load()
      .writeStream.foreachBatch(lambda df, i: None).option("checkpointLocation", checkpoint).start())
@@ -60,7 +59,7 @@ def _spawns_per_batch(tmp: Path, checkpoint: str) -> float:
         wrapper.write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexec {real} "$@"\n')
         wrapper.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    res = subprocess.run([sys.executable, "-c", _PROBE, checkpoint, str(log), str(_BATCHES)], cwd=REPO, capture_output=True,
+    res = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(sink_config(checkpoint)), str(log), str(_BATCHES)], cwd=REPO, capture_output=True,
                          text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(next(x for x in res.stdout.splitlines() if x.startswith("SPAWNS "))[len("SPAWNS "):])
@@ -76,10 +75,7 @@ def test_a_local_checkpoint_starts_about_4_processes_per_batch(tmp_path: Path) -
 
 
 def _conf(checkpoint: str, spark_conf: dict[str, str] | None = None) -> dict[str, str]:
-    return session_conf(SinkConfig.model_validate({
-        "name": "s", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["t"]},
-        "clickhouse": {"endpoints": ["chdb:///tmp/unused"], "database": "d", "tables": {"t": "t"}},
-        "checkpointLocation": checkpoint, "sparkConf": spark_conf or {}}))
+    return session_conf(SinkConfig.model_validate(sink_config(checkpoint, spark_conf)))
 
 
 @pytest.mark.parametrize(("location", "default_fs", "local"), [

@@ -15,15 +15,13 @@ import subprocess
 import sys
 
 from hack.testbed.process import REPO
-from tests.helpers import mimalloc_verbose_env
+from tests.helpers import mimalloc_verbose_env, sink_config
 
 _PROBE = """
 import json, sys
 from sparkapp.config import SinkConfig
 from sparkapp.spark.session import build_session, session_conf
-cfg = SinkConfig.model_validate({"name": "s", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["t"]},
-    "clickhouse": {"endpoints": ["chdb:///tmp/unused"], "database": "d", "tables": {"t": "t"}},
-    "checkpointLocation": "/tmp/unused", "sparkConf": json.loads(sys.argv[1])})
+cfg = SinkConfig.model_validate(json.loads(sys.argv[1]))
 spark = build_session(cfg, session_conf(cfg))
 jvm = spark.sparkContext._jvm
 levels = {name: str(jvm.org.apache.logging.log4j.LogManager.getLogger(name).getLevel())
@@ -65,7 +63,7 @@ def _mimalloc_option(stderr: str, name: str) -> list[str]:
 
 def _driver_jvm(spark_conf: dict[str, str], env: dict[str, str] | None = None) -> dict[str, object]:
     """The job's session built in a Python process of its own (one JVM per process: its options apply once)."""
-    res = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spark_conf)], cwd=REPO, capture_output=True,
+    res = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(sink_config(spark_conf=spark_conf))], cwd=REPO, capture_output=True,
                          text=True, timeout=300, env=mimalloc_verbose_env(env))
     assert res.returncode == 0, res.stderr[-3000:]
     line = next(x for x in res.stdout.splitlines() if x.startswith("JVM "))
