@@ -270,7 +270,7 @@ def _shared_transitions(items: Sequence[tuple[WriterContext, PartitionKey, LineB
               for i, rng, place, sifted, _ in planned}
     for i in begins:
         items[i][0].fault("before_begin")
-    conflicts = store.begin_many(list(begins.values()), epoch)
+    conflicts = store.begin_many(list(begins.values()), epoch, loaded=rows)
     begun = [p for p in planned if items[p[0]][1] not in conflicts]
     for i, *_ in begun:
         items[i][0].fault("after_begin")

@@ -309,30 +309,51 @@ class StateStore:
                          cas=expected is not ANY)
 
     def load_many(self, pks: Sequence[PartitionKey], epoch: int) -> dict[PartitionKey, StateRow]:
-        """`load` of many partitions in one round trip (FencedError when a newer epoch owns any of them)."""
-        rows = self.get_many(pks)
+        """`load` of many partitions of one sink in one round trip, which also reads the sink's epoch: FencedError
+        when a newer epoch owns any of them or the sink (what `begin_many` checks with `loaded`)."""
+        if not pks:
+            return {}
+        rows = self._fenced_read(pks, epoch)
         for pk, row in rows.items():
             _fence(pk, epoch, row.state.epoch)
         return rows
 
-    def begin_many(self, items: Sequence[Begin], epoch: int) -> dict[PartitionKey, StateConflict]:
-        """`begin` of many partitions of one sink, in three round trips whatever their number: one read (the
-        rows and the sink's epoch), one conditional write of them all, one read back. Each item is fenced and
-        compared with the state it was planned from exactly as `begin` does; an item whose state moved is
-        returned as a StateConflict (nothing of it was written: plan it again), the others are BEFORE."""
+    def _fenced_read(self, pks: Sequence[PartitionKey], epoch: int) -> dict[PartitionKey, StateRow]:
+        """The partitions' rows (one sink's) and the sink's epoch in one read; FencedError when a newer epoch
+        took the sink over."""
+        sinks = {pk.sink for pk in pks}
+        assert len(sinks) == 1, f"one sink's partitions, got {sorted(sinks)}"
+        epoch_key = self._epoch_key(next(iter(sinks)))
+        keys = {pk.key: pk for pk in pks}
+        rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(_q, [*keys, epoch_key]))})")}
+        _fence(pks[0], epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
+        return {keys[k]: self._state_row(r) for k, r in rows.items() if k in keys}
+
+    def begin_many(self, items: Sequence[Begin], epoch: int,
+                   loaded: Mapping[PartitionKey, StateRow] | None = None) -> dict[PartitionKey, StateConflict]:
+        """`begin` of many partitions of one sink, in three round trips whatever their number (two with
+        `loaded`): one read (the rows and the sink's epoch), one conditional write of them all, one read back.
+        Each item is fenced and compared with the state it was planned from exactly as `begin` does; an item
+        whose state moved is returned as a StateConflict (nothing of it was written: plan it again), the others
+        are BEFORE.
+
+        `loaded` is what `load_many` read for these partitions, the sink's epoch checked in that read. When every
+        item updates a row it holds (the steady case), that read stands in for this one: the conditional write
+        compares each row with the state it was planned from, and its read back tells a row that moved since
+        (StateConflict) from one a newer epoch took (FencedError), as this read would have. A row to create is
+        read again right before: creating one does not compare."""
         if not items:
             return {}
-        sinks = {it.pk.sink for it in items}
-        assert len(sinks) == 1, f"begin_many takes one sink's partitions, got {sorted(sinks)}"
-        epoch_key = self._epoch_key(next(iter(sinks)))
-        keys = [it.pk.key for it in items]
-        rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(_q, [*keys, epoch_key]))})")}
-        _fence(items[0].pk, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
+        pks = [it.pk for it in items]
+        if loaded is not None and all(it.pk in loaded and loaded[it.pk].state == it.expected for it in items):
+            rows = dict(loaded)
+        else:
+            rows = self._fenced_read(pks, epoch)
         conflicts: dict[PartitionKey, StateConflict] = {}
         created: list[Begin] = []
         updated: list[tuple[Begin, StateRow]] = []
         for it in items:
-            existing = self._state_row(rows[it.pk.key]) if it.pk.key in rows else None
+            existing = rows.get(it.pk)
             if existing is not None:
                 _fence(it.pk, epoch, existing.state.epoch)
             if (existing.state if existing else None) != it.expected:
@@ -496,16 +517,23 @@ class StateStore:
 
     def _update_many(self, items: Sequence[tuple[Begin, StateRow]], epoch: int) -> None:
         """BEFORE over each item's range in one conditional write, each row on the exact state it was planned
-        from (as `_transition` with `cas`); dead-letter fields kept only where the range stays the same."""
-        def per_key(value: Callable[[Begin, StateRow], str | None], column: str) -> str:
-            """The column's new value by key: `value` gives a key's constant, None to keep what the row holds.
-            transform over constant arrays: ClickHouse analyses it in a fraction of a multiIf's time."""
+        from (as `_transition` with `cas`); dead-letter fields kept only where the range stays the same.
+
+        ClickHouse evaluates the condition once per column it assigns, so the write assigns only what changes:
+        not the epoch and layout where the condition already holds them at their new values, and a range that
+        follows the row's own is `max_offset + 1` rather than a value per key. The read back checks the result."""
+        def per_key(value: Callable[[Begin, StateRow], str | None], column: str, default: str | None = None) -> str:
+            """The column's new value by key: `value` gives a key's constant, None for `default` (an expression
+            of the row; the column itself, kept, unless given). transform over constant arrays: ClickHouse
+            analyses it in a fraction of a multiIf's time."""
+            otherwise = default or column
             pairs = [(_q(it.pk.key), v) for it, ex in items if (v := value(it, ex)) is not None]
             if not pairs:
-                return column
+                return otherwise
             if len(pairs) == len(items) and len({v for _, v in pairs}) == 1:
                 return pairs[0][1]  # the same for every key the WHERE matches: a constant costs no analysis
-            return f"transform(key, [{', '.join(k for k, _ in pairs)}], [{', '.join(v for _, v in pairs)}], {column})"
+            keys, values = ", ".join(k for k, _ in pairs), ", ".join(v for _, v in pairs)
+            return f"transform(key, [{keys}], [{values}], {otherwise})"
 
         def dlq(it: Begin, ex: StateRow) -> str | None:
             if it.dlq_mark is not None:
@@ -517,10 +545,13 @@ class StateStore:
                 return _q(it.dlq_mark)
             return None if ex.state.range == it.rng else "''"
 
-        sets = {
-            "min_offset": per_key(lambda it, ex: f"toInt64({it.rng.min})", "min_offset"),
+        sets = {  # the condition below holds epoch, layout and max_offset at the planned state's values
+            "epoch": "epoch" if all(ex.state.epoch == epoch for _, ex in items) else str(epoch),
+            "min_offset": per_key(lambda it, ex: None if it.rng.min == ex.state.range.max + 1 else
+                                  f"toInt64({it.rng.min})", "min_offset", "max_offset + 1"),
             "max_offset": per_key(lambda it, ex: f"toInt64({it.rng.max})", "max_offset"),
-            "layout": per_key(lambda it, ex: f"toUInt32({it.layout})", "layout"),
+            "layout": per_key(lambda it, ex: None if it.layout == ex.state.layout else f"toUInt32({it.layout})",
+                              "layout"),
             "shard": per_key(lambda it, ex: f"toUInt32({it.shard})", "shard"),
             "block_offsets": per_key(lambda it, ex: f"toUInt32({it.block_offsets})", "block_offsets"),
             "dlq": per_key(dlq, "dlq"),
@@ -528,8 +559,8 @@ class StateStore:
         }
         was = ", ".join(f"({_q(it.pk.key)}, {ex.state.epoch}, '{ex.state.phase.value}', {ex.state.range.min}, "
                         f"{ex.state.range.max}, {ex.state.layout})" for it, ex in items)
-        self._update(f"phase = 'BEFORE', epoch = {epoch}, "
-                     + ", ".join(f"{c} = {v}" for c, v in sets.items() if v != c) + ", updated_at = now64(3)",
+        self._update(", ".join(["phase = 'BEFORE'", *(f"{c} = {v}" for c, v in sets.items() if v != c),
+                                "updated_at = now64(3)"]),
                      f"key IN ({', '.join(_q(it.pk.key) for it, _ in items)}) AND epoch <= {epoch} AND "
                      f"(key, epoch, phase, min_offset, max_offset, layout) IN ({was})")
 

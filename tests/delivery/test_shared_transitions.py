@@ -62,8 +62,9 @@ def test_a_batch_of_many_partitions_costs_a_fixed_number_of_state_round_trips(ch
         results = write_lines_many([(ctx, pk, line_batch(_batch(pk.partition, 25 * b, 25), schema.names))
                                     for pk in pks])
         assert [r.committed for r in results] == [OffsetRange(25 * b, 25 * b + 24)] * PARTITIONS  # type: ignore[union-attr]
-        # one read to plan, BEFORE (read, write, read back), AFTER (write, read back): 6, for 8 partitions
-        assert counting.round_trips <= 6, f"batch {b}: {counting.round_trips} state round trips"
+        # one read to plan (the sink's epoch too), BEFORE (write, read back), AFTER (write, read back): 5, for 8
+        # partitions; the first batch reads again right before creating the rows: 6
+        assert counting.round_trips <= (6 if b == 0 else 5), f"batch {b}: {counting.round_trips} state round trips"
     got = client.query("SELECT _partition, count(), uniqExact(_offset) FROM ev GROUP BY _partition "
                        "ORDER BY _partition").result_rows
     assert got == [(p, 75, 75) for p in range(PARTITIONS)]
@@ -74,7 +75,7 @@ def test_a_batch_of_many_partitions_costs_a_fixed_number_of_state_round_trips(ch
     results = write_lines_many([(ctx, pk, line_batch(_batch(pk.partition, 75, 25, bad=pk.partition in (2, 5)),
                                                      schema.names)) for pk in pks])
     assert sum(r.dead_lettered for r in results) == 2  # type: ignore[union-attr]
-    assert counting.round_trips <= 6, counting.round_trips
+    assert counting.round_trips <= 5, counting.round_trips
     assert {pk.partition: r.dlq.value for pk, r in store.get_many(pks).items() if r.dlq_mark} == \
         {2: "DONE", 5: "DONE"}
     dead = read_dlq(kafka.bootstrap, dlq_topic, 2)

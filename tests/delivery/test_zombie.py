@@ -21,7 +21,7 @@ from sparkapp.edges.insert import Inserter
 from sparkapp.edges.store import FencedError, PartitionKey, StateStore
 from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
 from tests.delivery.test_lost_reply import OFFSETS, counts, records, setup
-from tests.helpers import line_batch
+from tests.helpers import line_batch, msg
 
 PK = PartitionKey("lost", "src", 0)
 
@@ -183,3 +183,44 @@ def test_a_retried_task_of_the_same_epoch_cannot_move_the_state_back(ch_db):
     redeployed = ctx_for(client, store, schema, store.acquire_epoch("lost"), 70)
     write_partition(redeployed, PK, msgs[row.state.resume_offset:])
     assert counts(client) == (600, 600)
+
+
+@pytest.mark.parametrize("first", ["new_run", "stale"])
+def test_a_stale_writer_paused_between_its_shared_read_and_its_before_adds_nothing(ch_db, first):
+    """write_lines_many: the stale writer read its partitions' rows and the sink's epoch in one read, sifted,
+    and stalled before its one BEFORE write, which compares each row with that read instead of reading again.
+    A newer epoch with other blockOffsets and batch bounds takes over and plans. Either its BEFORE lands first
+    (the stale write finds the rows moved: FencedError, nothing sent), or the stale one does (it delivers its
+    batch as recorded; the new run's compare-and-set fails and it plans again from that record). Either way
+    every offset lands once."""
+    from sparkapp.delivery.writer import write_lines_many
+
+    client, db = ch_db
+    store, schema = setup(client, db, OFFSETS, 100)
+    msgs = {p: [msg({"id": p * 10_000 + i, "pad": "x"}, offset=i, topic="src", partition=p) for i in range(400)]
+            for p in (0, 1)}
+    pks = [PartitionKey("lost", "src", p) for p in (0, 1)]
+
+    def batch(ctx: WriterContext, lo: int, hi: int) -> list[Any]:
+        return write_lines_many([(ctx, pk, line_batch(msgs[pk.partition][lo:hi], schema.names)) for pk in pks])
+
+    epoch = store.acquire_epoch("lost")
+    batch(ctx_for(client, store, schema, epoch, 50), 0, 100)  # the rows exist: the steady case
+    pause = Pause()
+    t, out = in_thread(lambda: batch(ctx_for(client, store, schema, epoch, 50, at_step("before_begin", pause)),
+                                     100, 250))
+    pause.wait_reached()
+
+    def stale_first(step: str) -> None:
+        if first == "stale" and step == "before_begin" and not pause.go.is_set():
+            pause.go.set()  # the stale BEFORE lands between the new run's read and its own BEFORE
+            t.join(60)
+    fresh = ctx_for(client, store, schema, store.acquire_epoch("lost"), 70, stale_first)
+    batch(fresh, 100, 400)
+    pause.go.set()
+    t.join(60)
+    if first == "new_run":
+        assert isinstance(out.get("error"), FencedError)
+    assert counts(client) == (800, 800)
+    assert {pk: (r.state.phase, r.state.range.max) for pk, r in store.get_many(pks).items()} == \
+        {pk: (Phase.AFTER, 399) for pk in pks}

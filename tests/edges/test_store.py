@@ -154,6 +154,53 @@ def test_many_partitions_go_before_and_after_together_each_on_its_own_planned_st
     assert store.get(pks[2]).state.phase is Phase.AFTER
 
 
+@pytest.mark.parametrize("loaded", [False, True], ids=["read", "loaded"])
+def test_many_partitions_go_before_from_any_state_each_exactly_as_planned(store, loaded):
+    """begin_many's one write assigns only what changes (not the epoch and layout its condition holds at their
+    new values; a range that follows the row's own as `max_offset + 1`): rows of an older and of this epoch,
+    ranges that follow on or skip offsets, a layout that changes, dead-letter fields set or reset, all come out
+    exactly as planned, whether it reads the rows itself or takes what load_many read."""
+    from sparkapp.edges.store import Begin
+
+    old = store.acquire_epoch("s1")
+    pks = [PartitionKey("s1", "t", p) for p in range(6)]
+    for pk in pks[:3]:
+        store.begin(pk, OffsetRange(0, 9), old)
+        store.commit(pk, OffsetRange(0, 9), old)
+    e = store.acquire_epoch("s1")
+    for pk in pks[3:]:
+        store.begin(pk, OffsetRange(0, 9), e)
+        if pk.partition == 4:  # its range had dead letters: DONE from a mark, which the next range resets
+            store.mark_dlq_sending(pk, e, "m0")
+            store.mark_dlq_done(pk, e)
+        store.commit(pk, OffsetRange(0, 9), e)
+
+    def before(plans: dict[int, tuple[int, int, int, int, int, str | None]]) -> None:
+        """partition -> (min, max, layout, shard, block_offsets, dlq mark): BEFORE for all, then checked."""
+        rows = store.load_many(pks, e)
+        items = [Begin(pk, OffsetRange(*plans[pk.partition][:2]), rows[pk].state, *plans[pk.partition][2:])
+                 for pk in pks]
+        assert store.begin_many(items, e, loaded=rows if loaded else None) == {}
+        got = store.get_many(pks)
+        assert {pk.partition: (got[pk].state.range.min, got[pk].state.range.max, got[pk].state.phase,
+                               got[pk].state.epoch, got[pk].state.layout, got[pk].shard, got[pk].block_offsets,
+                               got[pk].dlq, got[pk].dlq_mark) for pk in pks} == \
+            {p: (lo, hi, Phase.BEFORE, e, layout, shard, bo, DlqPhase.NONE if mark is None else DlqPhase.SENDING,
+                 mark or "") for p, (lo, hi, layout, shard, bo, mark) in plans.items()}
+        store.commit_many(items, e)
+
+    # partitions 0-2 of the older epoch: the epoch changes; 1 skips offsets (a transaction's markers); 2 takes
+    # another layout and shard; 3 records a dead-letter mark; 4's DONE mark is reset; 5 another window size
+    before({0: (10, 19, 0, 0, 7, None), 1: (15, 30, 0, 0, 7, None), 2: (10, 19, 1, 3, 7, None),
+            3: (10, 19, 0, 0, 7, "m1"), 4: (10, 19, 0, 0, 7, None), 5: (10, 19, 0, 0, 9, None)})
+    # all of this epoch now, every range following on, one layout changing back
+    before({0: (20, 29, 0, 0, 7, None), 1: (31, 35, 0, 0, 7, None), 2: (20, 29, 0, 3, 7, None),
+            3: (20, 29, 0, 0, 7, None), 4: (20, 24, 0, 0, 7, None), 5: (20, 21, 0, 0, 9, None)})
+    # all following on with the same layout, offsets as wide as Kafka's: nothing but the range is assigned a value
+    before({p: (36 if p == 1 else 30 if p != 4 else 25, 2**62 + p, 0, 0 if p != 2 else 3, 7 if p != 5 else 9, None)
+            for p in range(6)})
+
+
 def test_read_through_lifts_a_quiet_tables_after_row_only_rises_is_fenced_and_goes_with_its_partition(store):
     e = store.acquire_epoch("s1")
     busy, quiet, waiting = (PartitionKey("s1", "t", 0, "busy"), PartitionKey("s1", "t", 0, "quiet"),
