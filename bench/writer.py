@@ -5,6 +5,7 @@ It answers what the writer costs apart from Spark's source and the Arrow hand-ov
 cannot separate, both running in one driver):
 - `deliver_all`: the whole delivery of each batch (state transitions, lines, the guard's pass, inserts with
   tokens), exactly as the driver runs it, EmbeddedRocksDB state; the first batch warms up and is left out;
+- `state_store`: of that, the state store's round trips per batch and their wall time, reads apart from writes;
 - stages, each over the same batches' partition slices: `build_lines`, the guard's RE2 pass (`Guard.hits`),
   ClickHouse parsing and storing the lines (an insert with the fast path's settings into a copy of the
   table) and parsing them alone (the same insert into a `Null` copy);
@@ -47,7 +48,8 @@ from .data import TABLE, encoded
 
 def spark_batch(values: list[bytes], partitions: int, first_offset: int, topic: str = "bench") -> Any:
     """A micro-batch as the job's `toArrow()` hands it over: the job's columns, each Kafka partition's rows
-    together and offset-ordered."""
+    together and offset-ordered. Partition p's offsets are `p * 1000` further on than the first's: real
+    partitions' ranges differ, and the state store's writes then carry a value per partition."""
     import pyarrow as pa
 
     per = len(values) // partitions
@@ -55,7 +57,7 @@ def spark_batch(values: list[bytes], partitions: int, first_offset: int, topic: 
     return pa.table({
         "topic": pa.array([topic] * n), "partition": pa.array([p for p in range(partitions) for _ in range(per)],
                                                                   pa.int32()),
-        "offset": pa.array([first_offset + j for _ in range(partitions) for j in range(per)], pa.int64()),
+        "offset": pa.array([p * 1000 + first_offset + j for p in range(partitions) for j in range(per)], pa.int64()),
         "key": pa.array([None] * n, pa.binary()), "value": pa.array(values[:n], pa.binary()),
         "timestamp": pa.array([1_764_000_000_000_000] * n, pa.timestamp("us")),
         "timestampType": pa.array([0] * n, pa.int32())})
@@ -66,6 +68,34 @@ def _cpu(fn: Callable[[], Any]) -> float:
     c0 = time.process_time()
     fn()
     return time.process_time() - c0
+
+
+class StateCalls:
+    """The state store's ClickHouse client, timing its calls (the real client does the work)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.calls = client, []  # type: ignore[var-annotated]
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.client, name)
+        if name not in ("query", "command", "insert"):
+            return attr
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return attr(*a, **kw)
+            finally:
+                self.calls.append(("read" if name == "query" else "write", time.perf_counter() - t0))
+        return timed
+
+    def per_batch(self, batches: list[list[tuple[str, float]]]) -> dict[str, float]:
+        """Medians over the batches' calls: round trips, and ms spent reading and writing."""
+        def ms(calls: list[tuple[str, float]], kind: str) -> float:
+            return sum(t for k, t in calls if k == kind) * 1e3
+        return {"round_trips": statistics.median(len(b) for b in batches),
+                "read_ms": round(statistics.median(ms(b, "read") for b in batches), 1),
+                "write_ms": round(statistics.median(ms(b, "write") for b in batches), 1)}
 
 
 def _spin_rate(stop: threading.Event, out: list[float]) -> None:
@@ -151,6 +181,9 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
         kafka.create_topic("bench-dlq", 1)
         dlq = KafkaDeadLetterSink("bench-dlq", {"bootstrap.servers": kafka.bootstrap})
     rt = Runtime(cfg, store.acquire_epoch(cfg.name, owner="bench-writer"), client, store, dlq)
+    state_calls = StateCalls(client)
+    store.client = state_calls  # type: ignore[assignment]
+    state_batches: list[list[tuple[str, float]]] = []
 
     deliver: dict[str, list[tuple[float, float]]] = {"clean": [], "dirty": []}  # (wall, CPU) s per batch
     dead = 0
@@ -158,9 +191,12 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
         for kind, tbl in (("clean", clean_batch), ("dirty", dirty_batch)):
             if tbl is None:
                 continue
+            state_calls.calls = []
             t0, c0 = time.perf_counter(), time.process_time()
             outcomes = deliver_all(rt, tbl)
             deliver[kind].append((time.perf_counter() - t0, time.process_time() - c0))
+            if kind == "clean":
+                state_batches.append(state_calls.calls)
             assert sum(o["rows"] for o in outcomes) == tbl.num_rows, outcomes
             dead += sum(o["dead"] for o in outcomes)
     for table, kind in (("events", "clean"), ("dirty", "dirty")):
@@ -212,6 +248,7 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
         "date": dt.date.today().isoformat(), "events_per_batch": per_batch, "partitions": a.partitions,
         "batches": a.batches, "arrow_allocator": {k: os.environ[k] for k in ARROW_ALLOCATOR_ENV},
         "deliver_all": _deliveries(deliver["clean"], per_batch),
+        "state_store": state_calls.per_batch(state_batches[1:] or state_batches),
         "stages_cpu_us_per_row": {k: round(v * us, 3) for k, v in stages.items()},
         "gil": {"spin_alone_per_s": round(alone), "spin_during_insert_per_s": round(during),
                 "ratio_during_alone": round(during / alone, 3), "process_cores_during_insert": round(cores, 2),

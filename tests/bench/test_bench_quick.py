@@ -64,8 +64,9 @@ def test_formats_quick_writes_json(tmp_path):
 
 def test_writer_alone_writes_json(tmp_path):
     """`python -m bench.writer`: the writer's delivery without Spark stores every row (the module asserts the
-    count), with its CPU split into stages and the GIL probe's rates; with `--dirty`, the same batches with bad
-    records beside them, dead-lettered to a real broker (the module asserts every other row is stored)."""
+    count), with its CPU split into stages, its state store's round trips and the GIL probe's rates; with
+    `--dirty`, the same batches with bad records beside them, dead-lettered to a real broker (the module asserts
+    every other row is stored)."""
     res = subprocess.run([sys.executable, "-m", "bench.writer", "--events", "16000", "--batches", "2", "--dirty",
                           "0.02", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600,
                          env=mimalloc_verbose_env())
@@ -76,6 +77,8 @@ def test_writer_alone_writes_json(tmp_path):
     assert data["arrow_allocator"] == {"MIMALLOC_PURGE_DELAY": "10000"}, data
     assert "option 'purge_delay': 10000" in res.stderr
     assert data["deliver_all"]["rows_per_s"] > 0 and data["deliver_all"]["cpu_us_per_row"] > 0
+    # a steady batch's state transitions: one read to plan, BEFORE and AFTER each written and read back
+    assert data["state_store"]["round_trips"] == 5 and data["state_store"]["write_ms"] > 0, data["state_store"]
     assert set(data["stages_cpu_us_per_row"]) == {"build_lines", "guard", "insert", "parse_null"}
     # the CPU clock ticks in 10 ms: a small batch's stage may show none
     assert all(v >= 0 for v in data["stages_cpu_us_per_row"].values())

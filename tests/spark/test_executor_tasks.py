@@ -41,7 +41,8 @@ def test_a_task_over_many_partitions_shares_their_state_round_trips(ch_db, ch_ds
             counting.round_trips = 0
             out = [r for rb in task(iter(tbl.to_batches(max_chunksize=30))) for r in rb.to_pylist()]
             assert sorted((r["partition"], r["inserted"]) for r in out) == [(p, 20) for p in range(PARTITIONS)], out
-            assert counting.round_trips <= 6, f"batch {b}: {counting.round_trips} state round trips"
+            # the first batch reads the rows again right before creating them
+            assert counting.round_trips <= (6 if b == 0 else 5), f"batch {b}: {counting.round_trips} state round trips"
     finally:
         batches._EXECUTOR_RUNTIMES.clear()
         gc.unfreeze()  # a task with a Runtime open froze this process's objects, as it does a worker's
