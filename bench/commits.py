@@ -10,7 +10,9 @@ batches and CPU per row by component, as `python -m bench` measures them. The re
 each rep's ratio of every commit to the first: results/<date>-<name>.json (a probe: no test asserts a figure).
 With `--dirty`, each commit also runs, in every rep, on a second data set with that share of bad records
 (dead-lettered), and the results add each rep's dirty/clean ratio per commit: the full run's dirty-data ratio, side by
-side."""
+side. With `--with-d` (and `--path c`), each run of (c) has one of (d), the job at-least-once, on the same data beside
+it, the two in alternating order: the results add each rep's c/d per commit, the full run's exactly-once cost, run
+for run."""
 
 from __future__ import annotations
 
@@ -60,9 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     probe_options(ap, "commits", 4)
     ap.add_argument("--events", type=int, default=2_400_000)
     ap.add_argument("--dirty", type=float, default=0.0, help="also run on data with this share of bad records")
+    ap.add_argument("--with-d", action="store_true", help="beside each run of (c), one of (d): c/d run for run")
     a = ap.parse_args(argv)
     if len(set(a.refs)) != len(a.refs):
         ap.error("each ref once")
+    if a.with_d and a.path != "c":
+        ap.error("--with-d pairs (c) with (d): --path c")
+    paths = ["c", "d"] if a.with_d else [a.path]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="chsink-commits-") as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
@@ -75,20 +81,23 @@ def main(argv: list[str] | None = None) -> int:
             for ref in (a.refs if rep % 2 == 0 else list(reversed(a.refs))):
                 _, tree = trees[ref]
                 for kind in (data if rep % 2 == 0 else list(reversed(data))):
-                    dirty = kind == "dirty"
-                    work = root / f"run{len(runs)}"
-                    with own_server(work) if a.path == "e" else contextlib.nullcontext() as server:
-                        r = run_job(work, kafka, "bench-dirty" if dirty else "bench", a.events, a.batch, True,
-                                    a.block, server=server, dlq="bench-dlq" if dirty else None,
-                                    key_shards=2 if a.path == "k" else 0, repo=tree, warm_s=a.warm_up)
-                    rate = r["rows_per_s"]
-                    res = {"ref": ref, "rep": rep, "data": kind, "rows_per_s": round(rate),
-                           "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()}}
-                    print(json.dumps(res), file=sys.stderr, flush=True)
-                    runs.append(res)
+                    for path in (paths if rep % 2 == 0 else list(reversed(paths))):
+                        dirty = kind == "dirty"
+                        work = root / f"run{len(runs)}"
+                        with own_server(work) if path == "e" else contextlib.nullcontext() as server:
+                            r = run_job(work, kafka, "bench-dirty" if dirty else "bench", a.events, a.batch,
+                                        path != "d", a.block, server=server, dlq="bench-dlq" if dirty else None,
+                                        key_shards=2 if path == "k" else 0, repo=tree, warm_s=a.warm_up)
+                        rate = r["rows_per_s"]
+                        res = {"ref": ref, "rep": rep, "data": kind, **({"path": path} if a.with_d else {}),
+                               "rows_per_s": round(rate),
+                               "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()}}
+                        print(json.dumps(res), file=sys.stderr, flush=True)
+                        runs.append(res)
     base = a.refs[0]
-    rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "clean"}
-    dirty_rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "dirty"}
+    rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "clean" and r.get("path") != "d"}
+    dirty_rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "dirty" and r.get("path") != "d"}
+    d_rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "clean" and r.get("path") == "d"}
     return publish({"date": dt.date.today().isoformat(), "warm_up_s": a.warm_up, "path": a.path, "events": a.events,
                     "partitions": a.partitions, "max_offsets_per_trigger": a.batch, "block_offsets": a.block,
                     "commits": commits,
@@ -100,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
                                           for ref in a.refs},
                         "dirty_clean": {ref: [round(dirty_rate[(ref, rep)] / rate[(ref, rep)], 3)
                                               for rep in range(a.reps)] for ref in a.refs}} if a.dirty else {}),
+                    **({"d_medians": {ref: statistics.median(d_rate[(ref, rep)] for rep in range(a.reps))
+                                      for ref in a.refs},
+                        "c_d": {ref: [round(rate[(ref, rep)] / d_rate[(ref, rep)], 3) for rep in range(a.reps)]
+                                for ref in a.refs}} if a.with_d else {}),
                     "runs": runs}, a.out, a.name)
 
 

@@ -147,6 +147,21 @@ def test_commits_quick_writes_json(tmp_path):
     assert subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout == before
 
 
+def test_commits_with_d_pairs_each_exactly_once_run_with_an_at_least_once_one(tmp_path):
+    """`python -m bench.commits --with-d`: each run of (c) beside one of (d) on the same data, in alternating order,
+    and each rep's c/d (run_job asserts every record was delivered, exactly once for (c))."""
+    res = subprocess.run([sys.executable, "-m", "bench.commits", "HEAD", "--path", "c", "--with-d", "--reps", "2",
+                          "--events", "20000", "--batch", "5000", "--block", "5000", "--partitions", "2", "--out",
+                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-commits.json"))
+    data = json.loads(out.read_text())
+    assert [(r["rep"], r["path"]) for r in data["runs"]] == [(0, "c"), (0, "d"), (1, "d"), (1, "c")]
+    c, d = ({r["rep"]: r["rows_per_s"] for r in data["runs"] if r["path"] == p} for p in "cd")
+    assert data["c_d"] == {"HEAD": [round(c[rep] / d[rep], 3) for rep in (0, 1)]}
+    assert data["medians"]["HEAD"] == (c[0] + c[1]) / 2 and data["d_medians"]["HEAD"] == (d[0] + d[1]) / 2
+
+
 def test_variants_quick_writes_json(tmp_path):
     """`python -m bench.variants`: (c) with each variant of its sparkConf, alternated, with the driver JVM's
     collections read from its own GC log (run_job asserts every record was delivered)."""
