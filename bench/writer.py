@@ -71,14 +71,19 @@ def _cpu(fn: Callable[[], Any]) -> float:
 
 
 class StateCalls:
-    """The state store's ClickHouse client, timing its calls (the real client does the work)."""
+    """The state store's ClickHouse client, timing its calls (the real client does the work); the tests count
+    round trips with it too."""
 
     def __init__(self, client: Any) -> None:
         self.client, self.calls = client, []  # type: ignore[var-annotated]
 
+    @property
+    def round_trips(self) -> int:
+        return len(self.calls)
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.client, name)
-        if name not in ("query", "command", "insert"):
+        if name not in ("query", "raw_query", "command", "insert"):
             return attr
 
         def timed(*a: Any, **kw: Any) -> Any:
@@ -86,7 +91,7 @@ class StateCalls:
             try:
                 return attr(*a, **kw)
             finally:
-                self.calls.append(("read" if name == "query" else "write", time.perf_counter() - t0))
+                self.calls.append(("read" if name.endswith("query") else "write", time.perf_counter() - t0))
         return timed
 
     def per_batch(self, batches: list[list[tuple[str, float]]]) -> dict[str, float]:

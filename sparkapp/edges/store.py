@@ -384,17 +384,25 @@ class StateStore:
         return conflicts
 
     def commit_many(self, items: Sequence[Begin], epoch: int) -> None:
-        """`commit` of many partitions (the ranges `begin_many` recorded) in two round trips: one conditional
-        write, one read back; FencedError when any of them was taken over meanwhile. Dead letters still SENDING
-        are DONE: every send of a range is flushed before its AFTER."""
+        """`commit` of many partitions (the ranges `begin_many` recorded, as the same items) in two round trips:
+        one conditional write, one read back; FencedError when any of them was taken over meanwhile. Dead
+        letters still SENDING are DONE: every send of a range is flushed before its AFTER.
+
+        The write assigns only what changes (see `_update_many`): the rows hold this epoch since their BEFORE,
+        which no older epoch's write can match, so the condition pins it instead of assigning it; and only a
+        range begun with a dead-letter mark is SENDING, so `dlq` is assigned only when one is (the read back
+        checks that none is left SENDING)."""
         if not items:
             return
         ranges = ", ".join(f"({_q(it.pk.key)}, {it.rng.min}, {it.rng.max})" for it in items)
-        self._update(f"phase = 'AFTER', epoch = {epoch}, dlq = if(dlq = 'SENDING', 'DONE', dlq), "
-                     "updated_at = now64(3)",
-                     f"key IN ({', '.join(_q(it.pk.key) for it in items)}) AND epoch <= {epoch} AND "
+        done = " dlq = if(dlq = 'SENDING', 'DONE', dlq)," if any(it.dlq_mark is not None for it in items) else ""
+        self._update(f"phase = 'AFTER',{done} updated_at = now64(3)",
+                     f"key IN ({', '.join(_q(it.pk.key) for it in items)}) AND epoch = {epoch} AND "
                      f"(key, min_offset, max_offset) IN ({ranges})")
-        self._read_back_many([(it.pk, it.rng, Phase.AFTER, it.layout) for it in items], epoch, None)
+        got = self._read_back_many([(it.pk, it.rng, Phase.AFTER, it.layout) for it in items], epoch, None)
+        if sending := sorted(str(pk) for pk, r in got.items() if r.dlq is DlqPhase.SENDING):
+            raise StateStoreError(f"AFTER left dead letters SENDING on {', '.join(sending)}: commit_many takes "
+                                  "the items begin_many recorded, whose marks tell which ranges have dead letters")
 
     def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
         """Records AFTER over the range `begin` recorded (dead-letter fields kept): update, then read back."""
@@ -565,11 +573,12 @@ class StateStore:
                      f"(key, epoch, phase, min_offset, max_offset, layout) IN ({was})")
 
     def _read_back_many(self, items: Sequence[tuple[PartitionKey, OffsetRange, Phase, int]], epoch: int,
-                        conflicts: dict[PartitionKey, StateConflict] | None) -> None:
-        """`_read_back` of many rows in one read. With `conflicts`, a row another writer of this or an older
-        epoch moved is added there (compare-and-set lost); a row a newer epoch owns raises FencedError."""
+                        conflicts: dict[PartitionKey, StateConflict] | None) -> dict[PartitionKey, StateRow]:
+        """`_read_back` of many rows in one read (the rows it read). With `conflicts`, a row another writer of this
+        or an older epoch moved is added there (compare-and-set lost); a row a newer epoch owns raises
+        FencedError."""
         if not items:
-            return
+            return {}
         got = self.get_many([pk for pk, *_ in items])
         for pk, rng, phase, layout in items:
             after = got.get(pk)
@@ -581,6 +590,7 @@ class StateStore:
                 conflicts[pk] = StateConflict(lost)
             else:
                 raise FencedError(lost)
+        return got
 
     def _read_back(self, pk: PartitionKey, rng: OffsetRange, phase: Phase, epoch: int, layout: int,
                    conflict: bool = False) -> None:

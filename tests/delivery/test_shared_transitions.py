@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.writer import StateCalls
 from sparkapp.config import Engine
 from sparkapp.core.records import Message
 from sparkapp.core.state_machine import OffsetRange, Phase
@@ -21,24 +22,6 @@ from tests.helpers import line_batch, msg, read_dlq
 PARTITIONS = 8
 
 
-class Counting:
-    """The state store's ClickHouse client, counting its round trips (the real client does the work)."""
-
-    def __init__(self, client: Any) -> None:
-        self.client, self.round_trips = client, 0
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.client, name)
-        if name not in ("query", "command", "insert", "raw_query"):
-            return attr
-
-        def counted(*a: Any, **kw: Any) -> Any:
-            self.round_trips += 1
-            return attr(*a, **kw)
-
-        return counted
-
-
 def _batch(p: int, lo: int, n: int, bad: bool = False) -> list[Message]:
     return [msg(b"{oops" if bad and i == 3 else {"id": p * 10_000 + lo + i}, offset=lo + i, topic="src", partition=p)
             for i in range(n)]
@@ -49,7 +32,7 @@ def test_a_batch_of_many_partitions_costs_a_fixed_number_of_state_round_trips(ch
     client.command("CREATE TABLE ev (id UInt64, _partition UInt32, _offset UInt64) ENGINE = MergeTree "
                    "ORDER BY (_partition, _offset)")
     schema = load_schema(client, db, "ev")
-    counting = Counting(client)
+    counting = StateCalls(client)
     store = StateStore(counting, "state", Engine.KEEPER_MAP, keeper_path=f"/shared_{db}")  # type: ignore[arg-type]
     store.ensure_schema()
     dlq_topic = topic(1)
@@ -58,7 +41,7 @@ def test_a_batch_of_many_partitions_costs_a_fixed_number_of_state_round_trips(ch
                         dlq=KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap}))
     pks = [PartitionKey("shared", "src", p) for p in range(PARTITIONS)]
     for b in range(3):  # the first batch creates the rows, the others move them
-        counting.round_trips = 0
+        counting.calls = []
         results = write_lines_many([(ctx, pk, line_batch(_batch(pk.partition, 25 * b, 25), schema.names))
                                     for pk in pks])
         assert [r.committed for r in results] == [OffsetRange(25 * b, 25 * b + 24)] * PARTITIONS  # type: ignore[union-attr]
@@ -71,7 +54,7 @@ def test_a_batch_of_many_partitions_costs_a_fixed_number_of_state_round_trips(ch
 
     # dead letters cost no state round trip of their own: the BEFORE write records the dead-letter mark of the
     # ranges that have any (SENDING), and the AFTER write ends it (DONE)
-    counting.round_trips = 0
+    counting.calls = []
     results = write_lines_many([(ctx, pk, line_batch(_batch(pk.partition, 75, 25, bad=pk.partition in (2, 5)),
                                                      schema.names)) for pk in pks])
     assert sum(r.dead_lettered for r in results) == 2  # type: ignore[union-attr]

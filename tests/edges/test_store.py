@@ -201,6 +201,42 @@ def test_many_partitions_go_before_from_any_state_each_exactly_as_planned(store,
             for p in range(6)})
 
 
+def test_after_confirms_only_ranges_its_own_epoch_recorded_dead_letters_done_where_marked(store):
+    """commit_many confirms a range only where this epoch recorded it: an older run's BEFORE range is the new
+    run's to re-send, not to confirm (its insert may never have landed). Dead letters are DONE where the range
+    was begun with a mark, and a row left SENDING against the items' marks is an error, not a silent SENDING."""
+    from sparkapp.edges.store import Begin
+
+    old = store.acquire_epoch("s1")
+    pks = [PartitionKey("s1", "t", p) for p in range(3)]
+    first = [Begin(pk, OffsetRange(0, 9), None, dlq_mark="m0" if pk.partition == 1 else None) for pk in pks]
+    assert store.begin_many(first, old) == {}
+    e = store.acquire_epoch("s1")
+    with pytest.raises(FencedError):
+        store.commit_many(first, e)
+    assert {pk: (r.state.phase, r.state.epoch) for pk, r in store.get_many(pks).items()} == \
+        dict.fromkeys(pks, (Phase.BEFORE, old))
+
+    def through(rng: OffsetRange, marked: set[int]) -> dict[int, tuple[Phase, int, DlqPhase]]:
+        rows = store.load_many(pks, e)
+        items = [Begin(pk, rng, rows[pk].state, dlq_mark=f"m{rng.min}" if pk.partition in marked else None)
+                 for pk in pks]
+        assert store.begin_many(items, e, loaded=rows) == {}
+        store.commit_many(items, e)
+        got = store.get_many(pks)
+        return {pk.partition: (got[pk].state.phase, got[pk].state.epoch, got[pk].dlq) for pk in pks}
+
+    assert through(OffsetRange(10, 19), {2}) == {0: (Phase.AFTER, e, DlqPhase.NONE),
+                                                 1: (Phase.AFTER, e, DlqPhase.NONE),
+                                                 2: (Phase.AFTER, e, DlqPhase.DONE)}
+    assert through(OffsetRange(20, 29), set()) == dict.fromkeys(range(3), (Phase.AFTER, e, DlqPhase.NONE))
+    rows = store.load_many(pks, e)
+    marked = [Begin(pk, OffsetRange(30, 39), rows[pk].state, dlq_mark="m30") for pk in pks]
+    assert store.begin_many(marked, e, loaded=rows) == {}
+    with pytest.raises(StateStoreError, match="SENDING"):
+        store.commit_many([Begin(it.pk, it.rng, it.expected) for it in marked], e)
+
+
 def test_read_through_lifts_a_quiet_tables_after_row_only_rises_is_fenced_and_goes_with_its_partition(store):
     e = store.acquire_epoch("s1")
     busy, quiet, waiting = (PartitionKey("s1", "t", 0, "busy"), PartitionKey("s1", "t", 0, "quiet"),

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import gc
 
+from bench.writer import StateCalls
 from sparkapp.config import parse_config
 from sparkapp.delivery.runtime import Runtime
 from sparkapp.edges.store import state_store
 from sparkapp.spark import batches
-from tests.delivery.test_shared_transitions import Counting
 from tests.helpers import messages_table, msg
 
 PARTITIONS = 4
@@ -27,7 +27,7 @@ def test_a_task_over_many_partitions_shares_their_state_round_trips(ch_db, ch_ds
         "state": {"keeperPath": f"/ex_{db}"}, "checkpointLocation": "/unused"})
     store = state_store(cfg, client)
     store.ensure_schema()
-    counting = Counting(client)
+    counting = StateCalls(client)
     store.client = counting  # type: ignore[assignment]
     epoch = store.acquire_epoch(cfg.name)
     cfg_json = cfg.model_dump_json(by_alias=True)
@@ -38,7 +38,7 @@ def test_a_task_over_many_partitions_shares_their_state_round_trips(ch_db, ch_ds
             # the partitions as a coalesced task receives them: one after another, in Arrow batches
             tbl = messages_table([msg({"id": p * 1000 + b * 20 + i}, offset=b * 20 + i, topic="src", partition=p)
                                   for p in range(PARTITIONS) for i in range(20)])
-            counting.round_trips = 0
+            counting.calls = []
             out = [r for rb in task(iter(tbl.to_batches(max_chunksize=30))) for r in rb.to_pylist()]
             assert sorted((r["partition"], r["inserted"]) for r in out) == [(p, 20) for p in range(PARTITIONS)], out
             # the first batch reads the rows again right before creating them
