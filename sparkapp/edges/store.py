@@ -405,9 +405,10 @@ class StateStore:
                                   "the items begin_many recorded, whose marks tell which ranges have dead letters")
 
     def commit(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0) -> None:
-        """Records AFTER over the range `begin` recorded (dead-letter fields kept): update, then read back."""
-        self._update(f"phase = 'AFTER', epoch = {epoch}, updated_at = now64(3)",
-                     f"key = {_q(pk.key)} AND epoch <= {epoch} AND min_offset = {rng.min} AND max_offset = {rng.max}")
+        """Records AFTER over the range `begin` recorded (dead-letter fields kept): update, then read back. Only a
+        range this epoch recorded is confirmed (as `commit_many`)."""
+        self._update("phase = 'AFTER', updated_at = now64(3)",
+                     f"key = {_q(pk.key)} AND epoch = {epoch} AND min_offset = {rng.min} AND max_offset = {rng.max}")
         self._read_back(pk, rng, Phase.AFTER, epoch, layout)
 
     def load(self, pk: PartitionKey, epoch: int) -> StateRow | None:

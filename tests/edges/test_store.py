@@ -202,7 +202,7 @@ def test_many_partitions_go_before_from_any_state_each_exactly_as_planned(store,
 
 
 def test_after_confirms_only_ranges_its_own_epoch_recorded_dead_letters_done_where_marked(store):
-    """commit_many confirms a range only where this epoch recorded it: an older run's BEFORE range is the new
+    """commit_many (and commit) confirm a range only where this epoch recorded it: an older run's BEFORE range is the new
     run's to re-send, not to confirm (its insert may never have landed). Dead letters are DONE where the range
     was begun with a mark, and a row left SENDING against the items' marks is an error, not a silent SENDING."""
     from sparkapp.edges.store import Begin
@@ -214,6 +214,8 @@ def test_after_confirms_only_ranges_its_own_epoch_recorded_dead_letters_done_whe
     e = store.acquire_epoch("s1")
     with pytest.raises(FencedError):
         store.commit_many(first, e)
+    with pytest.raises(FencedError):
+        store.commit(pks[0], OffsetRange(0, 9), e)
     assert {pk: (r.state.phase, r.state.epoch) for pk, r in store.get_many(pks).items()} == \
         dict.fromkeys(pks, (Phase.BEFORE, old))
 
