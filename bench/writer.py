@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batches", type=int, default=4, help="the first warms up and is left out")
     ap.add_argument("--dirty", type=float, default=0.0, help="also deliver each batch with this share of bad records")
+    ap.add_argument("--after", choices=("waiting", "immediate"), default="waiting",
+                    help="AFTER left to the next BEFORE, as the driver does, or written at once, as executors do")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
     with contextlib.ExitStack() as stack:
@@ -186,6 +188,8 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
         kafka.create_topic("bench-dlq", 1)
         dlq = KafkaDeadLetterSink("bench-dlq", {"bootstrap.servers": kafka.bootstrap})
     rt = Runtime(cfg, store.acquire_epoch(cfg.name, owner="bench-writer"), client, store, dlq)
+    if a.after == "waiting":
+        rt.defer_after()
     state_calls = StateCalls(client)
     store.client = state_calls  # type: ignore[assignment]
     state_batches: list[list[tuple[str, float]]] = []
@@ -251,7 +255,8 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
     us = 1e6 / (per_batch * (len(batches) - 1 or 1))
     results: dict[str, Any] = {
         "date": dt.date.today().isoformat(), "events_per_batch": per_batch, "partitions": a.partitions,
-        "batches": a.batches, "arrow_allocator": {k: os.environ[k] for k in ARROW_ALLOCATOR_ENV},
+        "batches": a.batches, "after": a.after,
+        "arrow_allocator": {k: os.environ[k] for k in ARROW_ALLOCATOR_ENV},
         "deliver_all": _deliveries(deliver["clean"], per_batch),
         "state_store": state_calls.per_batch(state_batches[1:] or state_batches),
         "stages_cpu_us_per_row": {k: round(v * us, 3) for k, v in stages.items()},

@@ -31,7 +31,7 @@ from ..formats.schema import METADATA_COLUMNS, AtInsert, SchemaError, TableSchem
 from ..formats.schema_registry import RegistryUnavailableError
 from .context import DataLossError, PartitionResult, Refetch, WriterContext
 from .evolve import add_columns
-from .writer import write_lines, write_lines_many, write_partition
+from .writer import Waiting, write_lines, write_lines_many, write_partition
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -175,6 +175,7 @@ class Runtime:
     health: Health = field(default_factory=Health)  # shared by every table's shards: one physical shard, one health
     tried: dict[str, set[str]] = field(default_factory=dict)  # per table, fields not to add as columns (addColumns)
     readers: dict[str, Reader] = field(default_factory=dict)  # per table, what its decoder reads records with
+    waiting: Waiting | None = None  # delivered ranges whose AFTER waits for their next BEFORE (the driver's)
 
     @classmethod
     def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:
@@ -185,6 +186,18 @@ class Runtime:
     def close(self) -> None:
         if self.dlq is not None:
             self.dlq.close()
+
+    def defer_after(self) -> None:
+        """Lets delivered ranges wait for their partitions' next BEFORE instead of an AFTER write (Waiting): for a
+        runtime that writes every batch of the run (the driver's)."""
+        self.waiting = Waiting(self.store, self.epoch)
+
+    def confirm(self, topic: str | None = None, partition: int | None = None) -> None:
+        """Writes the AFTER of the ranges waiting (of one partition, when given): when no batch follows (the run
+        is idle or stops), or before a partition is written outside the shared transitions."""
+        if self.waiting is not None and self.waiting.ranges:
+            self.waiting.flush(None if topic is None else
+                               [pk for pk in self.waiting.ranges if (pk.topic, pk.partition) == (topic, partition)])
 
     # ---- table routing (tableField / tableHeader) ----------------------------------------------
 
@@ -337,6 +350,7 @@ class Runtime:
 
     def process_lines(self, ctx: WriterContext, topic: str, partition: int, batch: LineBatch) -> list[PartitionResult]:
         """The fast path of process(): one table (no routing), JSON lines parsed by ClickHouse."""
+        self.confirm(topic, partition)
         ctx.refetch = self._refetcher(ctx.inserter.schema.table)
         return [write_lines(ctx, PartitionKey(self.cfg.name, topic, partition, ""), batch)]
 
@@ -346,10 +360,11 @@ class Runtime:
         for ctx, *_ in items:
             ctx.refetch = self._refetcher(ctx.inserter.schema.table)
         return write_lines_many([(ctx, PartitionKey(self.cfg.name, topic, partition, ""), batch)
-                                 for ctx, topic, partition, batch in items])
+                                 for ctx, topic, partition, batch in items], self.waiting)
 
     def process(self, topic: str, partition: int, messages: Sequence[Message]) -> list[PartitionResult]:
         """Delivers one topic-partition's batch: one state transition per target table."""
+        self.confirm(topic, partition)
         groups, reasons = self.by_table(topic, messages)
         results = []
         stalled: ShardUnavailableError | None = None

@@ -37,6 +37,9 @@ from .session import build_session, checkpoint_exists, fresh_checkpoint, mark_ch
 
 log = logging.getLogger("chsink.job")
 STOP_MARKER = "chsink: stop requested"
+# After this long without a batch written, the ranges waiting for their partitions' next BEFORE get their AFTER:
+# with no new records Spark starts no batch, and a BEFORE left standing reads as a stall to the operator.
+CONFIRM_IDLE_S = 1.0
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     last_batch_s: float = 0.0
     last_data: float = field(default_factory=time.monotonic)
+    last_written: float = field(default_factory=time.monotonic)  # when the last batch was written
     lag: int | None = None
 
 
@@ -75,6 +79,13 @@ class BatchWriter:
     def drain(self) -> None:
         """Waits for work in the background; its failure fails the job."""
 
+    def confirm_idle(self) -> None:
+        """Writes the AFTERs still waiting for a next batch (Runtime.confirm), when nothing is being written."""
+
+    def confirm(self) -> None:
+        """Waits for the batch being written, then writes the AFTERs it left waiting (a graceful stop)."""
+        self.drain()
+
     def close(self) -> None:
         """Releases the runtimes this writer opened on the driver."""
 
@@ -88,6 +99,7 @@ class DriverWriter(BatchWriter):
 
     def __init__(self, job: SinkJob, runtime: Runtime) -> None:
         self.job, self.rt = job, runtime
+        runtime.defer_after()  # this one process writes every batch of the run: the next BEFORE confirms a range
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chsink-writer")
         self.pending: concurrent.futures.Future[None] | None = None
 
@@ -123,6 +135,14 @@ class DriverWriter(BatchWriter):
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending.result()
+
+    def confirm_idle(self) -> None:
+        if self.rt.waiting is not None and self.rt.waiting.ranges:
+            self.run_aside(self.rt.confirm)
+
+    def confirm(self) -> None:
+        self.drain()
+        self.pool.submit(self.rt.confirm).result()
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -300,6 +320,7 @@ class SinkJob:
         p.inserted += sum(r["inserted"] for r in rows)
         p.dead += sum(r["dead"] for r in rows)
         p.last_batch_s = time.monotonic() - t0
+        p.last_written = time.monotonic()
         metrics.batch_done(self.cfg.name, rows, p.last_batch_s)
         if n:
             p.last_data = time.monotonic()
@@ -372,6 +393,9 @@ class SinkJob:
                 if self.stalled and now - last_catch_up > self.catch_up_every and not self.stopping.is_set():
                     last_catch_up = now
                     self.writer.run_aside(self.catch_up)
+                if now - self.progress.last_written > CONFIRM_IDLE_S and not self.stopping.is_set():
+                    with self.in_batch:  # no batch follows soon: the ranges waiting for one are confirmed now
+                        self.writer.confirm_idle()
                 if self.stopping.is_set():
                     with self.in_batch:  # the current batch finishes first
                         query.stop()
@@ -381,7 +405,7 @@ class SinkJob:
                 raise
         finally:
             signal.signal(signal.SIGTERM, previous)
-        self.writer.drain()  # the batch still being written in the background
+        self.writer.confirm()  # the batch still being written in the background, then the AFTERs it left waiting
         if not self.quiet:
             self.print_progress(final=True)
         return 0

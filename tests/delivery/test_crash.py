@@ -16,7 +16,7 @@ from sparkapp.config import Engine
 from sparkapp.core.records import Message
 from sparkapp.core.state_machine import OffsetRange, Phase
 from sparkapp.delivery.context import WriterContext
-from sparkapp.delivery.writer import STEPS, write_lines, write_lines_many, write_partition
+from sparkapp.delivery.writer import STEPS, Waiting, write_lines, write_lines_many, write_partition
 from sparkapp.edges.clickhouse import load_schema
 from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_PARTITION, KafkaDeadLetterSink
 from sparkapp.edges.insert import Inserter
@@ -137,19 +137,21 @@ def start_offset(rng: random.Random, store: StateStore, pk: PartitionKey, log: l
 # alone; an upsert stream (seed 6), a Protobuf one (seed 7) and Dynamic and Variant columns (seed 8) differ from
 # the others in their decoder alone: crashed once each, recounted
 CASES = [(seed, v) for seed in (1, 2, 3, 4, 5) for v in VARIANTS if (seed, v) != (4, "token+recount")] + \
-    [(6, "window-expired"), (7, "token+recount"), (8, "token+recount")]
+    [(6, "window-expired"), (7, "token+recount"), (8, "token+recount"), (9, "token-only"), (9, "window-expired")]
 
 
 @pytest.mark.parametrize(("seed", "variant"), CASES)
 def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_path):
     """Seed 1 takes the decoding path, seed 2 the fast path (ClickHouse parses, bad records sifted out), seed 3
     either, batch by batch: a retry of a range often takes the other path, and must send the same blocks.
-    Seed 4 writes both partitions' batches together, their transitions shared (write_lines_many), as the
-    driver does. Seed 5 is a Debezium change stream (deletes, tombstones) on the decoding path, as the job
+    Seed 4 writes both partitions' batches together, their transitions shared (write_lines_many), as executors
+    do; seed 9 as the driver does, each range's AFTER left to its partition's next BEFORE (Waiting) and written
+    only when a run ends cleanly, some runs taking the decoding path partition by partition instead. Seed 5 is a Debezium change stream (deletes, tombstones) on the decoding path, as the job
     takes it; seed 6 an upsert stream (ids from JSON keys, tombstones as deletes, bad keys dead-lettered); seed 7
     a Protobuf stream (some in Confluent's wire format, bad values dead-lettered), its notes compared too; seed 8
     a Dynamic and a Variant column taking values of every kind, each value compared with its type."""
-    path = {1: "decode", 2: "lines", 4: "many", 5: "decode", 6: "decode", 7: "decode", 8: "decode"}.get(seed, "either")
+    path = {1: "decode", 2: "lines", 4: "many", 5: "decode", 6: "decode", 7: "decode", 8: "decode",
+            9: "waiting"}.get(seed, "either")
     mode = {5: "cdc", 6: "upsert", 7: "protobuf", 8: "mixed"}.get(seed, "plain")
     descriptor_set = compile_proto(PROTO, tmp_path, "crash.proto") if mode == "protobuf" else ""
     client, db = ch_db
@@ -205,8 +207,11 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_pa
                             store.acquire_epoch("crash-sink"), block_offsets=5,
                             refetch=refetch, fault=fault, dlq=dlq)
         try:
-            if path == "many":
-                _write_together(ctx, store, logs, names, rng, crash_at)
+            if path == "many" or (path == "waiting" and rng.random() < 0.75):
+                waiting = Waiting(store, ctx.epoch) if path == "waiting" else None
+                _write_together(ctx, store, logs, names, rng, crash_at, waiting)
+                if waiting is not None:  # a run that ends cleanly confirms what waits
+                    waiting.flush()
                 raise Done
             for p, log in logs.items():
                 pk = PartitionKey("crash-sink", "src", p)
@@ -275,7 +280,7 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_pa
 
 
 def _write_together(ctx: WriterContext, store: StateStore, logs: dict[int, list[Message]], names: tuple[str, ...],
-                    rng: random.Random, crash_at: str | None) -> None:
+                    rng: random.Random, crash_at: str | None, waiting: Waiting | None) -> None:
     """One writer run of the `many` path: each round, a batch of every partition, written together."""
     pos: dict[int, int] = {}
     reach: dict[int, int] = {}  # a replayed first batch reaches into the stored range (wholly below: irrecoverable)
@@ -295,7 +300,7 @@ def _write_together(ctx: WriterContext, store: StateStore, logs: dict[int, list[
             if batch:
                 items.append((ctx, PartitionKey("crash-sink", "src", p), line_batch(batch, names)))
             pos[p] += n
-        write_lines_many(items)
+        write_lines_many(items, waiting)
 
 
 def done(store: StateStore, logs: dict[int, list[Message]]) -> bool:

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bench.writer import StateCalls
 from sparkapp.config import Engine
 from sparkapp.core.records import Message
 from sparkapp.core.state_machine import OffsetRange, Phase
 from sparkapp.delivery.context import WriterContext
-from sparkapp.delivery.writer import write_lines_many
+from sparkapp.delivery.writer import Waiting, write_lines_many
 from sparkapp.edges.clickhouse import load_schema
 from sparkapp.edges.dlq import HEADER_OFFSET, KafkaDeadLetterSink
 from sparkapp.edges.insert import Inserter
-from sparkapp.edges.store import PartitionKey, StateStore
+from sparkapp.edges.store import FencedError, PartitionKey, StateStore
 from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
 from tests.helpers import line_batch, msg, read_dlq
 
@@ -92,3 +94,74 @@ def test_a_partition_another_writer_moved_plans_again_alone_and_the_rest_moves_o
     got = client.query("SELECT _partition, count(), uniqExact(_offset) FROM ev GROUP BY _partition "
                        "ORDER BY _partition").result_rows
     assert got == [(p, 20, 20) for p in range(3)]
+
+
+def test_with_ranges_waiting_the_next_before_confirms_them_in_the_batch_s_only_state_write(ch_db):
+    """The driver's way (Waiting): a delivered range's AFTER is not written; the partition's next BEFORE, conditioned
+    on that BEFORE row of this epoch, confirms it. A steady batch then costs one state write (and its read, and its
+    read back). A partition with no records in a batch gets its AFTER in one write for all such; one that goes
+    alone (a replayed batch) is confirmed before it plans, so it skips its delivered range instead of re-sending
+    it; `flush` confirms the rest, and a newer epoch's takeover fences it."""
+    client, db = ch_db
+    client.command("CREATE TABLE ev (id UInt64, _partition UInt32, _offset UInt64) ENGINE = MergeTree "
+                   "ORDER BY (_partition, _offset) SETTINGS non_replicated_deduplication_window = 1000")
+    schema = load_schema(client, db, "ev")
+    counting = StateCalls(client)
+    store = StateStore(counting, "state", Engine.KEEPER_MAP, keeper_path=f"/waiting_{db}")  # type: ignore[arg-type]
+    store.ensure_schema()
+    epoch = store.acquire_epoch("shared")
+    ctx = WriterContext("shared", store, Inserter(client, schema), make_decoder(DecoderSpec(Format.JSON), schema),
+                        epoch, block_offsets=10)
+    waiting = Waiting(store, epoch)
+    pks = [PartitionKey("shared", "src", p) for p in range(PARTITIONS)]
+
+    def batch(lo: int, parts: list[PartitionKey]) -> list[Any]:
+        counting.calls = []
+        return write_lines_many([(ctx, pk, line_batch(_batch(pk.partition, lo, 25), schema.names)) for pk in parts],
+                                waiting)
+
+    def writes() -> int:
+        return sum(1 for kind, _ in counting.calls if kind == "write")
+
+    def phases() -> dict[int, tuple[str, int, int]]:
+        return {pk.partition: (r.state.phase.value, r.state.range.min, r.state.range.max)
+                for pk, r in store.get_many(pks).items()}
+
+    batch(0, pks)  # creates the rows, BEFORE; their ranges wait
+    assert set(phases().values()) == {("BEFORE", 0, 24)} and set(waiting.ranges) == set(pks)
+    for b in (1, 2):
+        results = batch(25 * b, pks)
+        assert [r.committed for r in results] == [OffsetRange(25 * b, 25 * b + 24)] * PARTITIONS  # type: ignore[union-attr]
+        # one read to plan, one write (BEFORE of this batch, which confirms the last), its read back
+        assert (writes(), counting.round_trips) == (1, 3), counting.calls
+        assert set(phases().values()) == {("BEFORE", 25 * b, 25 * b + 24)}
+
+    # half the partitions get records: the other half are confirmed in one write of their own
+    batch(75, pks[:4])
+    assert writes() == 2
+    assert phases() == {p: ("BEFORE", 75, 99) if p < 4 else ("AFTER", 50, 74) for p in range(PARTITIONS)}
+
+    # partition 0's batch again (Spark replayed it): it goes alone, and skips it as delivered
+    counting.calls = []
+    again = write_lines_many([(ctx, pks[0], line_batch(_batch(0, 75, 25), schema.names))], waiting)
+    assert again[0].skipped == 25 and again[0].inserted_rows == 0 and again[0].retried is None  # type: ignore[union-attr]
+    assert phases()[0] == ("AFTER", 75, 99)
+
+    batch(100, pks[1:3])
+    stale = Waiting(store, epoch)
+    stale.ranges = dict(waiting.ranges)
+    waiting.flush()
+    assert phases() == {p: ("AFTER", 100, 124) if p in (1, 2) else ("AFTER", 75, 99) if p < 4 else ("AFTER", 50, 74)
+                        for p in range(PARTITIONS)}
+    got = client.query("SELECT _partition, count(), uniqExact(_offset) FROM ev GROUP BY _partition "
+                       "ORDER BY _partition").result_rows
+    assert got == [(p, n, n) for p, n in enumerate([100, 125, 125, 100, 75, 75, 75, 75])]
+
+    # a run that lost the sink keeps its waiting ranges unconfirmed: the newer run decides about them
+    batch_rows = {pk: store.get(pk) for pk in pks[1:3]}
+    store.begin(pks[1], OffsetRange(125, 149), store.acquire_epoch("shared"), block_offsets=10,
+                expected=batch_rows[pks[1]].state)  # type: ignore[union-attr]
+    stale.ranges = {pk: b for pk, b in stale.ranges.items() if pk == pks[1]}
+    with pytest.raises(FencedError):
+        stale.flush()
+    assert phases()[1] == ("BEFORE", 125, 149)

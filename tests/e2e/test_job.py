@@ -14,7 +14,7 @@ from hack.testbed.process import REPO
 from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON, HEADER_SINK, HEADER_TOPIC
 from tests.delivery.test_retention import delete_below
 
-from .harness import SinkHarness, drained_sink, event
+from .harness import SinkHarness, drained_sink, event, produce_events
 
 
 def dlq_messages(bootstrap: str, topic: str, n: int) -> list:
@@ -273,3 +273,35 @@ def test_a_schema_registry_that_does_not_answer_stalls_the_partition_and_dead_le
         assert json.loads(out.splitlines()[0]) == [[0]]
     else:
         assert clickhouse_connect.get_client(dsn=ch_path.dsn).query(count[0]).result_rows == [(0,)]
+
+
+def test_the_driver_confirms_its_last_ranges_when_idle_and_when_stopped(tmp_path, kafka, topic):
+    """The driver leaves each range's AFTER to its partition's next BEFORE. With no new records no batch follows,
+    so an idle run writes them itself: killed (SIGKILL, nothing runs at exit) a few seconds after its last
+    batch, it left no range BEFORE, which the operator would read as a stall. A stopped run (SIGTERM) confirms
+    them on its way out."""
+    import os
+    import signal
+    import time
+
+    src, dlq = topic(2), topic(1)
+    sink = SinkHarness(tmp_path, kafka, src, dlq)
+    produce_events(kafka, src, 2000)
+    sink.start("--quiet")
+    assert sink.wait_for_batches(1)
+    time.sleep(6)  # idle: the job confirms after a second without a batch
+    sink.kill()
+
+    def phases() -> list[str]:
+        [rows] = sink.sql(f"SELECT phase FROM {sink.db}.chsink_state WHERE kind = 'partition'")
+        return sorted(r[0] for r in rows)
+
+    assert phases() and set(phases()) == {"AFTER"}, sink.log_text()[-3000:]
+    produce_events(kafka, src, 2000)
+    sink.start("--quiet")
+    assert sink.wait_for_batches(1)
+    os.kill(sink.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+    assert sink.wait(120) == 0, sink.log_text()[-3000:]
+    assert phases() and set(phases()) == {"AFTER"}, sink.log_text()[-3000:]
+    report = sink.verify()
+    assert report["ok"] and report["totals"]["clickhouse"] == 4000
