@@ -138,11 +138,21 @@ class DriverWriter(BatchWriter):
 
     def confirm_idle(self) -> None:
         if self.rt.waiting is not None and self.rt.waiting.ranges:
-            self.run_aside(self.rt.confirm)
+            self.run_aside(self._confirm)
 
     def confirm(self) -> None:
         self.drain()
-        self.pool.submit(self.rt.confirm).result()
+        self.pool.submit(self._confirm).result()
+
+    def _confirm(self) -> None:
+        """A state store that does not answer now leaves the ranges BEFORE: the next tick tries again, and a run that
+        ends before re-sends them identically. Fencing is no transient: it stops the run."""
+        try:
+            self.rt.confirm()
+        except Exception as e:
+            if not worth_retrying(e):
+                raise
+            log.warning("the last ranges delivered stay unconfirmed (BEFORE) for now: %s", first_line(e))
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -393,9 +403,12 @@ class SinkJob:
                 if self.stalled and now - last_catch_up > self.catch_up_every and not self.stopping.is_set():
                     last_catch_up = now
                     self.writer.run_aside(self.catch_up)
-                if now - self.progress.last_written > CONFIRM_IDLE_S and not self.stopping.is_set():
-                    with self.in_batch:  # no batch follows soon: the ranges waiting for one are confirmed now
+                if now - self.progress.last_written > CONFIRM_IDLE_S and not self.stopping.is_set() \
+                        and self.in_batch.acquire(blocking=False):  # held: a batch is in hand, it confirms them
+                    try:  # no batch follows soon: the ranges waiting for one are confirmed now
                         self.writer.confirm_idle()
+                    finally:
+                        self.in_batch.release()
                 if self.stopping.is_set():
                     with self.in_batch:  # the current batch finishes first
                         query.stop()
