@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hack.testbed import Kafka
+from hack.testbed import Kafka, ZooKeeper
 from hack.testbed.process import REPO
 from sparkapp.spark.session import ARROW_ALLOCATOR_ENV, keep_arrow_memory
 
@@ -134,11 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dirty", type=float, default=0.0, help="also deliver each batch with this share of bad records")
     ap.add_argument("--after", choices=("waiting", "immediate"), default="waiting",
                     help="AFTER left to the next BEFORE, as the driver does, or written at once, as executors do")
+    ap.add_argument("--engine", choices=("EmbeddedRocksDB", "KeeperMap"), default="EmbeddedRocksDB",
+                    help="the state table's engine; KeeperMap starts a ZooKeeper for it")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="chsink-writer-"))
         kafka = stack.enter_context(Kafka(Path(tmp) / "kafka")) if a.dirty else None
+        a.chdb_config = None
+        if a.engine == "KeeperMap":
+            zk = stack.enter_context(ZooKeeper(Path(tmp) / "zookeeper"))
+            a.chdb_config = str(zk.clickhouse_config(Path(tmp) / "ch.xml"))
         return _run(a, tmp, kafka)
 
 
@@ -173,8 +179,9 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
     cfg = SinkConfig.model_validate({
         "name": "bench-writer", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["bench", "bench-dirty"]},
         "clickhouse": {"endpoints": [f"chdb://{tmp}/chdb"], "database": "bench",
-                       "tables": {"bench": "events", "bench-dirty": "dirty"}},
-        "state": {"engine": "EmbeddedRocksDB", "enabled": True},
+                       "tables": {"bench": "events", "bench-dirty": "dirty"},
+                       **({"chdbConfigFile": a.chdb_config} if a.chdb_config else {})},
+        "state": {"engine": a.engine, "enabled": True, "keeperPath": "/bench_writer"},
         "batching": {"maxOffsetsPerTrigger": per_batch}, "checkpointLocation": f"{tmp}/checkpoint"})
     client = clickhouse_client(cfg.clickhouse)
     client.command("CREATE DATABASE IF NOT EXISTS bench")
@@ -255,7 +262,7 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
     us = 1e6 / (per_batch * (len(batches) - 1 or 1))
     results: dict[str, Any] = {
         "date": dt.date.today().isoformat(), "events_per_batch": per_batch, "partitions": a.partitions,
-        "batches": a.batches, "after": a.after,
+        "batches": a.batches, "after": a.after, "engine": a.engine,
         "arrow_allocator": {k: os.environ[k] for k in ARROW_ALLOCATOR_ENV},
         "deliver_all": _deliveries(deliver["clean"], per_batch),
         "state_store": state_calls.per_batch(state_batches[1:] or state_batches),

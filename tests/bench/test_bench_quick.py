@@ -66,10 +66,10 @@ def test_writer_alone_writes_json(tmp_path):
     """`python -m bench.writer`: the writer's delivery without Spark stores every row (the module asserts the
     count), with its CPU split into stages, its state store's round trips and the GIL probe's rates; with
     `--dirty`, the same batches with bad records beside them, dead-lettered to a real broker (the module asserts
-    every other row is stored)."""
+    every other row is stored). `--after immediate` writes each AFTER at once, as executors do."""
     res = subprocess.run([sys.executable, "-m", "bench.writer", "--events", "16000", "--batches", "2", "--dirty",
-                          "0.02", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env=mimalloc_verbose_env())
+                          "0.02", "--after", "immediate", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=mimalloc_verbose_env())
     assert res.returncode == 0, res.stderr[-3000:]
     [out] = list(tmp_path.glob("*-writer.json"))
     data = json.loads(out.read_text())
@@ -86,6 +86,19 @@ def test_writer_alone_writes_json(tmp_path):
     dirty = data["deliver_all_dirty"]
     assert dirty["dirty_share"] == 0.02 and 0.01 * 32000 < dirty["dead_lettered"] < 0.04 * 32000, dirty
     assert dirty["cpu_us_per_row"] > 0 and "dirty_extra_cpu_us_per_row" in data
+
+
+def test_writer_alone_on_keeper_map_as_the_driver_writes(tmp_path):
+    """`python -m bench.writer --engine KeeperMap`: the state table on KeeperMap, a real ZooKeeper beside it; by
+    default each range's AFTER waits for its partition's next BEFORE, as on the driver: a steady batch's state
+    transitions are one read to plan, and one write (read back) that confirms the last range and begins the next."""
+    res = subprocess.run([sys.executable, "-m", "bench.writer", "--events", "16000", "--batches", "3", "--engine",
+                          "KeeperMap", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-writer.json"))
+    data = json.loads(out.read_text())
+    assert (data["engine"], data["after"]) == ("KeeperMap", "waiting"), data
+    assert data["state_store"]["round_trips"] == 3 and data["state_store"]["write_ms"] > 0, data["state_store"]
 
 
 def test_jvm_profile_summary_counts_a_real_recordings_samples_within_its_window(tmp_path):

@@ -29,14 +29,19 @@ def _batch(p: int, lo: int, n: int, bad: bool = False) -> list[Message]:
             for i in range(n)]
 
 
-def test_a_batch_of_many_partitions_costs_a_fixed_number_of_state_round_trips(ch_db, kafka, topic):
+def _counted(ch_db: Any, name: str) -> tuple[Any, Any, StateCalls, StateStore]:
+    """The target table, and a KeeperMap state store whose client counts its round trips."""
     client, db = ch_db
     client.command("CREATE TABLE ev (id UInt64, _partition UInt32, _offset UInt64) ENGINE = MergeTree "
-                   "ORDER BY (_partition, _offset)")
-    schema = load_schema(client, db, "ev")
+                   "ORDER BY (_partition, _offset) SETTINGS non_replicated_deduplication_window = 1000")
     counting = StateCalls(client)
-    store = StateStore(counting, "state", Engine.KEEPER_MAP, keeper_path=f"/shared_{db}")  # type: ignore[arg-type]
+    store = StateStore(counting, "state", Engine.KEEPER_MAP, keeper_path=f"/{name}_{db}")  # type: ignore[arg-type]
     store.ensure_schema()
+    return client, load_schema(client, db, "ev"), counting, store
+
+
+def test_a_batch_of_many_partitions_costs_a_fixed_number_of_state_round_trips(ch_db, kafka, topic):
+    client, schema, counting, store = _counted(ch_db, "shared")
     dlq_topic = topic(1)
     ctx = WriterContext("shared", store, Inserter(client, schema), make_decoder(DecoderSpec(Format.JSON), schema),
                         store.acquire_epoch("shared"), block_offsets=10,
@@ -102,13 +107,7 @@ def test_with_ranges_waiting_the_next_before_confirms_them_in_the_batch_s_only_s
     read back). A partition with no records in a batch gets its AFTER in one write for all such; one that goes
     alone (a replayed batch) is confirmed before it plans, so it skips its delivered range instead of re-sending
     it; `flush` confirms the rest, and a newer epoch's takeover fences it."""
-    client, db = ch_db
-    client.command("CREATE TABLE ev (id UInt64, _partition UInt32, _offset UInt64) ENGINE = MergeTree "
-                   "ORDER BY (_partition, _offset) SETTINGS non_replicated_deduplication_window = 1000")
-    schema = load_schema(client, db, "ev")
-    counting = StateCalls(client)
-    store = StateStore(counting, "state", Engine.KEEPER_MAP, keeper_path=f"/waiting_{db}")  # type: ignore[arg-type]
-    store.ensure_schema()
+    client, schema, counting, store = _counted(ch_db, "waiting")
     epoch = store.acquire_epoch("shared")
     ctx = WriterContext("shared", store, Inserter(client, schema), make_decoder(DecoderSpec(Format.JSON), schema),
                         epoch, block_offsets=10)
