@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import errno
 import os
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -127,12 +129,27 @@ class ClickHouseServer(ManagedProcess):
     def stop(self, timeout: float = 15.0) -> None:
         fifo = self.workdir / "stop.fifo"
         if self.proc is not None and self.proc.poll() is None and fifo.exists():
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the blocked query reads a line and ends
-            try:
-                os.write(fd, b"stop\n")
-            finally:
-                os.close(fd)
+            self._tell_stop(fifo)
         super().stop(timeout)
+
+    def _tell_stop(self, fifo: Path) -> None:
+        """Writes the line the blocked query waits for. A server stopped right after it answered its first ping may
+        not have opened the fifo yet (ENXIO: no reader): wait for it a while, then leave it to the signal."""
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+                if time.monotonic() > deadline or self.proc is None or self.proc.poll() is not None:
+                    return
+                time.sleep(0.1)
+        try:
+            os.write(fd, b"stop\n")
+        finally:
+            os.close(fd)
 
 
 class Kafka(ManagedProcess):

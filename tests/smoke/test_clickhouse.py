@@ -41,3 +41,37 @@ def test_different_tokens_keep_both(ch_db):
     for tok in ("tok-a", "tok-b"):
         client.insert("t", [[1], [2], [3]], column_names=["x"], settings={"insert_deduplication_token": tok})
     assert client.query("SELECT count() FROM t").result_rows[0][0] == 6
+
+
+def test_a_server_stopped_before_its_query_opened_the_stop_fifo_still_stops(tmp_path):
+    """ClickHouseServer.stop writes a line into the fifo its blocked query reads. Stopped right after its first
+    ping, the server may not have opened the fifo yet, and opening a fifo without a reader fails (ENXIO): stop
+    waits for the reader a while and writes the line when it comes, else it leaves the process to SIGTERM.
+    A real process and a real fifo stand in for the server's, since the race is hard to hit on purpose."""
+    import os
+    import subprocess
+    import threading
+    import time
+
+    from hack.testbed.servers import ClickHouseServer
+
+    server = ClickHouseServer(tmp_path)
+    os.mkfifo(tmp_path / "stop.fifo")
+    server.proc = subprocess.Popen(["sleep", "60"], start_new_session=True)  # as the testbed starts it
+    t0 = time.monotonic()
+    server.stop(timeout=10)  # nobody ever reads: given up on, then SIGTERM
+    assert server.proc is None and time.monotonic() - t0 < 10
+
+    got: list[bytes] = []
+
+    def late_reader() -> None:
+        time.sleep(1.0)
+        with open(tmp_path / "stop.fifo", "rb") as f:
+            got.append(f.readline())
+
+    reader = threading.Thread(target=late_reader)
+    reader.start()
+    server.proc = subprocess.Popen(["sleep", "60"], start_new_session=True)  # as the testbed starts it
+    server.stop(timeout=10)
+    reader.join(10)
+    assert got == [b"stop\n"]
