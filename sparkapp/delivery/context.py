@@ -98,6 +98,7 @@ class PartitionOutcome(TypedDict):
     cases: str
     stalled: str  # the shard it waits for, "" when delivered
     upto: int  # the highest offset Spark handed over (-1: none)
+    waiting: str  # an executor task's delivered ranges whose AFTER waits for the next batch (ranges_json), or ""
 
 
 def outcome(topic: str, part: int, rows: int, upto: int, results: Sequence[PartitionResult],
@@ -105,4 +106,5 @@ def outcome(topic: str, part: int, rows: int, upto: int, results: Sequence[Parti
     return PartitionOutcome(topic=topic, partition=part, rows=rows, inserted=sum(r.inserted_rows for r in results),
                             dead=sum(r.dead_lettered for r in results), inserts=sum(r.inserts for r in results),
                             retried=sum(1 for r in results if r.retried),
-                            cases=",".join(r.case.value for r in results), stalled=stalled, upto=upto)
+                            cases=",".join(r.case.value for r in results), stalled=stalled, upto=upto,
+                            waiting="")

@@ -1,18 +1,19 @@
 """One partition's batch, end to end: plan, BEFORE, dead letters, identical blocks, insert, AFTER.
 
 This is the only place where the pure core (state machine, blocks, tokens, routing) and the formats
-meet the edges (state store, inserter, dead-letter sink, Kafka re-reads). An executor (HTTP) calls it once
-per topic-partition per micro-batch; the driver (chdb) hands it the whole micro-batch (write_lines_many),
-whose partitions then share their state-store round trips. The at-least-once baseline the benchmark
-compares against is plain.py, outside this protocol.
+meet the edges (state store, inserter, dead-letter sink, Kafka re-reads). Whoever writes a batch (the driver
+with chdb, an executor task over HTTP) hands it its partitions together (write_lines_many), which then share
+their state-store round trips. The at-least-once baseline the benchmark compares against is plain.py, outside
+this protocol.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,19 +216,23 @@ def _route_keys(ctx: WriterContext, place: Placement, sw: Sifted) -> dict[int, A
 
 @dataclass
 class Waiting:
-    """Ranges one process delivered whose AFTER it has not written yet (the driver's, kept across its batches).
+    """Delivered ranges whose AFTER has not been written yet.
 
     A range's AFTER only tells a later run not to send it again. The partition's next BEFORE tells it as well:
-    a range above the row's means everything below was delivered. So where one process writes every batch (the
-    driver), a delivered range waits here, and its partition's next BEFORE, conditioned on that exact BEFORE row
-    of this epoch, takes its place: one state write per batch in the steady case instead of two. A crash leaves
-    the row BEFORE, as a crash between insert and AFTER always could: the next run re-sends the range
-    identically. Only the process that delivered a range may take it for confirmed, so executors, whose tasks
-    move between workers, write their AFTERs at once."""
+    a range above the row's means everything below was delivered. So a delivered range waits here, and its
+    partition's next BEFORE, conditioned on that exact BEFORE row of this epoch, takes its place: one state write
+    per batch in the steady case instead of two. A crash leaves the row BEFORE, as a crash between insert and
+    AFTER always could: the next run re-sends the range identically.
+
+    A range may wait only where it is known delivered: on the driver, which wrote it; in an executor task, when
+    the driver hands over what the last batch's tasks reported (`handed`), since Spark runs a batch only after
+    every task of the one before succeeded. A task attempt may then find a row another attempt of it already
+    moved past the range (a retried or zombie attempt): that range needs no AFTER, and is let go."""
 
     store: StateStore
     epoch: int
     ranges: dict[PartitionKey, Begin] = field(default_factory=dict)
+    handed: bool = False
 
     def confirmed(self, pk: PartitionKey, row: StateRow | None) -> StoredState | None:
         """The state to plan from: a row still BEFORE over a range waiting here is AFTER; any other row as stored
@@ -235,15 +240,33 @@ class Waiting:
         w = self.ranges.get(pk)
         if row is not None and w is not None and row.state == StoredState(w.rng, Phase.BEFORE, self.epoch, w.layout):
             return dataclasses.replace(row.state, phase=Phase.AFTER)
+        if w is not None and self.handed:
+            del self.ranges[pk]  # another attempt moved the row on
         return row.state if row else None
 
     def flush(self, pks: Sequence[PartitionKey] | None = None) -> None:
         """Writes the AFTER of the ranges waiting (of `pks` only, when given): one write for them all."""
         items = [b for pk, b in self.ranges.items() if pks is None or pk in pks]
         if items:
-            self.store.commit_many(items, self.epoch)
+            self.store.commit_many(items, self.epoch, {} if self.handed else None)
         for b in items:
             del self.ranges[b.pk]
+
+
+def ranges_json(ranges: Iterable[Begin]) -> str:
+    """Waiting ranges as the driver hands them to the next batch's tasks ("" for none)."""
+    rows = [[b.pk.sink, b.pk.topic, b.pk.partition, b.pk.table, b.rng.min, b.rng.max, b.layout, b.shard,
+             b.block_offsets, b.dlq_mark] for b in ranges]
+    return json.dumps(rows) if rows else ""
+
+
+def ranges_from_json(text: str) -> dict[PartitionKey, Begin]:
+    """ranges_json's ranges, by partition."""
+    out: dict[PartitionKey, Begin] = {}
+    for sink, topic, part, table, lo, hi, layout, shard, block_offsets, mark in json.loads(text) if text else []:
+        pk = PartitionKey(sink, topic, part, table)
+        out[pk] = Begin(pk, OffsetRange(lo, hi), None, layout, shard, block_offsets, mark)
+    return out
 
 
 def write_lines_many(items: Sequence[tuple[WriterContext, PartitionKey, LineBatch]], waiting: Waiting | None = None,
@@ -271,12 +294,15 @@ def write_lines_many(items: Sequence[tuple[WriterContext, PartitionKey, LineBatc
         else:
             fast.append((i, known))
     done = _shared_transitions(items, fast, out, alone, waiting) if fast else []
-    if waiting is None:
-        _commit_many(items, done)
-    else:
+    if waiting is not None:
         waiting.flush()  # what this batch's BEFOREs did not take over
-        for i, b, _ in done:
-            waiting.ranges[b.pk] = b
+    if done:
+        ctx = items[done[0][0]][0]
+        held = waiting if waiting is not None else Waiting(ctx.store, ctx.epoch)
+        held.ranges.update((b.pk, b) for _, b, _ in done)
+        if waiting is None:
+            held.flush()  # AFTER at once, in one write
+        for i, _, _ in done:
             items[i][0].fault("after_commit")
     for i in sorted(alone):
         ctx, pk, batch = items[i]
@@ -286,16 +312,6 @@ def write_lines_many(items: Sequence[tuple[WriterContext, PartitionKey, LineBatc
             out[i] = e
     assert all(r is not None for r in out)
     return [r for r in out if r is not None]
-
-
-def _commit_many(items: Sequence[tuple[WriterContext, PartitionKey, LineBatch]],
-                 done: list[tuple[int, Begin, PartitionResult]]) -> None:
-    """AFTER of the delivered ranges, in one write."""
-    if done:
-        ctx = items[done[0][0]][0]
-        ctx.store.commit_many([b for _, b, _ in done], ctx.epoch)
-    for i, _, _ in done:
-        items[i][0].fault("after_commit")
 
 
 def _shared_transitions(items: Sequence[tuple[WriterContext, PartitionKey, LineBatch]],

@@ -383,9 +383,11 @@ class StateStore:
                              epoch, conflicts)
         return conflicts
 
-    def commit_many(self, items: Sequence[Begin], epoch: int) -> None:
+    def commit_many(self, items: Sequence[Begin], epoch: int,
+                    moved: dict[PartitionKey, StateConflict] | None = None) -> None:
         """`commit` of many partitions (the ranges `begin_many` recorded, as the same items) in two round trips:
-        one conditional write, one read back; FencedError when any of them was taken over meanwhile. Dead
+        one conditional write, one read back; FencedError when any of them was taken over meanwhile. With
+        `moved`, a row this epoch (or an older one) moved past its range is reported there instead. Dead
         letters still SENDING are DONE: every send of a range is flushed before its AFTER.
 
         The write assigns only what changes (see `_update_many`): the rows hold this epoch since their BEFORE,
@@ -399,8 +401,8 @@ class StateStore:
         self._update(f"phase = 'AFTER',{done} updated_at = now64(3)",
                      f"key IN ({', '.join(_q(it.pk.key) for it in items)}) AND epoch = {epoch} AND "
                      f"(key, min_offset, max_offset) IN ({ranges})")
-        got = self._read_back_many([(it.pk, it.rng, Phase.AFTER, it.layout) for it in items], epoch, None)
-        if sending := sorted(str(pk) for pk, r in got.items() if r.dlq is DlqPhase.SENDING):
+        got = self._read_back_many([(it.pk, it.rng, Phase.AFTER, it.layout) for it in items], epoch, moved)
+        if sending := sorted(str(pk) for pk, r in got.items() if r.dlq is DlqPhase.SENDING and pk not in (moved or {})):
             raise StateStoreError(f"AFTER left dead letters SENDING on {', '.join(sending)}: commit_many takes "
                                   "the items begin_many recorded, whose marks tell which ranges have dead letters")
 

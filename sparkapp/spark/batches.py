@@ -16,8 +16,10 @@ from ..config import SinkConfig
 from ..core.records import Message
 from ..delivery.context import PartitionOutcome, PartitionResult, WriterContext, outcome
 from ..delivery.runtime import Runtime
+from ..delivery.writer import Waiting, ranges_from_json, ranges_json
 from ..edges.clickhouse import EndpointUnreachableError
 from ..edges.shards import ShardUnavailableError
+from ..edges.store import Begin, PartitionKey
 from ..formats.jsoneachrow import LineBatch, build_lines
 from .worker import task_setup
 
@@ -93,12 +95,19 @@ def deliver(rt: Runtime, topic: str, part: int, sub: Any) -> PartitionOutcome:
     return guarded(topic, part, sub.num_rows, _upto(sub), lambda: _deliver(rt, topic, part, sub))
 
 
-def deliver_all(rt: Runtime, tbl: Any) -> list[PartitionOutcome]:
-    """A whole micro-batch where one process writes it (the driver): the partitions on the fast path together,
-    their state transitions shared (Runtime.process_lines_many), the others one by one."""
+def deliver_all(rt: Runtime, tbl: Any, handed: dict[PartitionKey, Begin] | None = None) -> list[PartitionOutcome]:
+    """A micro-batch, or an executor task's part of one: the partitions on the fast path together, their state
+    transitions shared (Runtime.process_lines_many), the others one by one. `handed` (a task's): the ranges the
+    driver reports the last batch's tasks delivered; those of this task's partitions wait in its runtime, and
+    so do the ranges it delivers (Waiting)."""
     outcomes: list[PartitionOutcome] = []
     together: list[tuple[WriterContext, str, int, Any, LineBatch]] = []
-    for topic, part, sub in partition_slices(tbl):
+    slices = list(partition_slices(tbl))
+    if handed is not None:
+        here = {(topic, part) for topic, part, _ in slices}
+        mine = {pk: b for pk, b in handed.items() if (pk.topic, pk.partition) in here}
+        rt.waiting = Waiting(rt.store, rt.epoch, mine, handed=True)
+    for topic, part, sub in slices:
         ctx = rt.fast_context(topic)
         if ctx is None or not rt.cfg.state.enabled:
             outcomes.append(deliver(rt, topic, part, sub))
@@ -176,10 +185,12 @@ def _task_setup() -> None:
     task_setup(runtime_open=bool(_EXECUTOR_RUNTIMES))
 
 
-def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def executor_fn(cfg_json: str, epoch: int, handed: str = "") -> Callable[[Iterator[Any]], Iterator[Any]]:
     """mapInArrow body: runs in an executor's Python worker over the whole Kafka partitions its task was given
     (the batch is coalesced to one task per slot), written as the driver writes a batch: the fast-path
-    partitions' state transitions shared, one round trip for all of them."""
+    partitions' state transitions shared, one round trip for all of them. `handed` (ranges_json): the ranges
+    the last batch's tasks delivered, whose AFTER the next BEFORE writes; each outcome row reports the ranges
+    this task delivered, for the driver to hand to the next batch (ExecutorWriter)."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -188,7 +199,18 @@ def executor_fn(cfg_json: str, epoch: int) -> Callable[[Iterator[Any]], Iterator
         got = list(batches)
         if not got:
             return
-        outcomes = deliver_all(_executor_runtime(cfg_json, epoch), pa.Table.from_batches(got))
+        rt = _executor_runtime(cfg_json, epoch)
+        try:
+            outcomes = deliver_all(rt, pa.Table.from_batches(got), ranges_from_json(handed))
+            assert rt.waiting is not None
+            delivered = list(rt.waiting.ranges.values())
+        finally:
+            rt.waiting = None  # the worker's runtime serves the next task, with its own hand-over
+        by_partition: dict[tuple[str, int], list[Begin]] = {}
+        for b in delivered:
+            by_partition.setdefault((b.pk.topic, b.pk.partition), []).append(b)
+        for o in outcomes:
+            o["waiting"] = ranges_json(by_partition.get((o["topic"], o["partition"]), []))
         yield pa.RecordBatch.from_pylist([dict(o) for o in outcomes], schema=_outcome_arrow_schema())
 
     return run

@@ -26,11 +26,12 @@ from .. import metrics
 from ..config import ConfigError, SinkConfig
 from ..delivery.context import PartitionOutcome
 from ..delivery.runtime import Runtime, check_routing, starting_offsets
+from ..delivery.writer import Waiting, ranges_from_json, ranges_json
 from ..edges.clickhouse import clickhouse_client, load_schema
 from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import first_line, unsafe_target, worth_retrying
 from ..edges.kafka import all_watermarks, topic_partitions
-from ..edges.store import FencedError, state_store
+from ..edges.store import Begin, FencedError, PartitionKey, state_store
 from ..formats.registry import make_decoder
 from .batches import deliver_all, executor_fn, guarded, outcome_ddl
 from .session import build_session, checkpoint_exists, fresh_checkpoint, mark_checkpoint, session_conf
@@ -85,6 +86,16 @@ class BatchWriter:
     def confirm(self) -> None:
         """Waits for the batch being written, then writes the AFTERs it left waiting (a graceful stop)."""
         self.drain()
+
+    def _confirm(self) -> None:
+        """A state store that does not answer now leaves the ranges BEFORE: the next tick tries again, and a run that
+        ends before re-sends them identically. Fencing is no transient: it stops the run."""
+        try:
+            self.runtime().confirm()
+        except Exception as e:
+            if not worth_retrying(e):
+                raise
+            log.warning("the last ranges delivered stay unconfirmed (BEFORE) for now: %s", first_line(e))
 
     def close(self) -> None:
         """Releases the runtimes this writer opened on the driver."""
@@ -144,37 +155,33 @@ class DriverWriter(BatchWriter):
         self.drain()
         self.pool.submit(self._confirm).result()
 
-    def _confirm(self) -> None:
-        """A state store that does not answer now leaves the ranges BEFORE: the next tick tries again, and a run that
-        ends before re-sends them identically. Fencing is no transient: it stops the run."""
-        try:
-            self.rt.confirm()
-        except Exception as e:
-            if not worth_retrying(e):
-                raise
-            log.warning("the last ranges delivered stay unconfirmed (BEFORE) for now: %s", first_line(e))
-
     def close(self) -> None:
         self.pool.shutdown()
         self.rt.close()
 
 
 class ExecutorWriter(BatchWriter):
-    """HTTP endpoints: each executor task writes its own partition; the driver only collects outcomes."""
+    """HTTP endpoints: each executor task writes its own partitions; the driver collects their outcomes, and hands
+    the ranges they delivered to the next batch's tasks, whose BEFOREs confirm them (Waiting)."""
 
     where = "executors"
 
-    def __init__(self, job: SinkJob) -> None:
+    def __init__(self, job: SinkJob, runtime: Runtime | None = None) -> None:
         self.job = job
-        self._runtime: Runtime | None = None
+        self._runtime = runtime  # None: opened when the driver first needs one
+        self.waiting: dict[PartitionKey, Begin] = {}  # what the last batch's tasks delivered, still BEFORE
 
     def runtime(self) -> Runtime:
-        if self._runtime is None:  # opened once, for the catch-up that runs on the driver
+        """The driver's runtime, for the catch-up and the AFTERs the driver writes."""
+        if self._runtime is None:
             self._runtime = Runtime.open(self.job.cfg, self.job.epoch)
+        if self._runtime.waiting is None:
+            self._runtime.waiting = Waiting(self._runtime.store, self.job.epoch, self.waiting, handed=True)
         return self._runtime
 
     def write(self, df: Any, batch_id: int, t0: float) -> None:
-        fn = executor_fn(self.job.cfg.model_dump_json(by_alias=True), self.job.epoch)
+        cfg_json = self.job.cfg.model_dump_json(by_alias=True)
+        fn = executor_fn(cfg_json, self.job.epoch, ranges_json(self.waiting.values()))
         # One task per slot, each over whole Kafka partitions (the source never splits one: minPartitions and
         # maxRecordsPerPartition are refused, and coalescing only groups partitions): a task makes one state
         # round trip for all its partitions, not one per partition.
@@ -184,11 +191,30 @@ class ExecutorWriter(BatchWriter):
         if len(seen) != len(set(seen)):
             raise RuntimeError(f"a Kafka partition was split across tasks in batch {batch_id}; check the Kafka "
                                "source options")
+        self.tasks_done(rows)
         self.job.account(rows, batch_id, t0)
+
+    def tasks_done(self, rows: list[PartitionOutcome]) -> None:
+        """After every task of a batch succeeded: what they delivered waits for the next batch's BEFOREs. The ranges
+        handed to them are theirs to confirm; those of partitions without records in the batch are confirmed here,
+        since no BEFORE of theirs may follow soon."""
+        seen = {(r["topic"], r["partition"]) for r in rows}
+        for pk in [pk for pk in self.waiting if (pk.topic, pk.partition) in seen]:
+            del self.waiting[pk]
+        self.confirm()
+        for r in rows:
+            self.waiting.update(ranges_from_json(r["waiting"]))
 
     def run_aside(self, fn: Callable[[], None]) -> None:
         with self.job.in_batch:
             fn()
+
+    def confirm_idle(self) -> None:
+        self.confirm()
+
+    def confirm(self) -> None:
+        if self.waiting:
+            self._confirm()
 
     def close(self) -> None:
         if self._runtime is not None:

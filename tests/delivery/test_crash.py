@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from sparkapp.delivery.writer import STEPS, Waiting, write_lines, write_lines_ma
 from sparkapp.edges.clickhouse import load_schema
 from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_PARTITION, KafkaDeadLetterSink
 from sparkapp.edges.insert import Inserter
-from sparkapp.edges.store import PartitionKey, StateStore
+from sparkapp.edges.store import Begin, PartitionKey, StateStore
 from sparkapp.formats.record_key import KeyFormat
 from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
 from tests.helpers import compile_proto, line_batch, msg, proto_message, read_dlq
@@ -137,7 +138,8 @@ def start_offset(rng: random.Random, store: StateStore, pk: PartitionKey, log: l
 # alone; an upsert stream (seed 6), a Protobuf one (seed 7) and Dynamic and Variant columns (seed 8) differ from
 # the others in their decoder alone: crashed once each, recounted
 CASES = [(seed, v) for seed in (1, 2, 3, 4, 5) for v in VARIANTS if (seed, v) != (4, "token+recount")] + \
-    [(6, "window-expired"), (7, "token+recount"), (8, "token+recount"), (9, "token-only"), (9, "window-expired")]
+    [(6, "window-expired"), (7, "token+recount"), (8, "token+recount")] + \
+    [(seed, v) for seed in (9, 10) for v in ("token-only", "window-expired")]
 
 
 @pytest.mark.parametrize(("seed", "variant"), CASES)
@@ -146,12 +148,15 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_pa
     either, batch by batch: a retry of a range often takes the other path, and must send the same blocks.
     Seed 4 writes both partitions' batches together, their transitions shared (write_lines_many), as executors
     do; seed 9 as the driver does, each range's AFTER left to its partition's next BEFORE (Waiting) and written
-    only when a run ends cleanly, some runs taking the decoding path partition by partition instead. Seed 5 is a Debezium change stream (deletes, tombstones) on the decoding path, as the job
+    only when a run ends cleanly, some runs taking the decoding path partition by partition instead; seed 10 as
+    executor tasks do, each round's ranges handed to the next round by the driver, which confirms those of
+    partitions without records, and a crashed round retried half the time in the same run with the same hand-over
+    (as Spark retries a task) instead of ending the run. Seed 5 is a Debezium change stream (deletes, tombstones) on the decoding path, as the job
     takes it; seed 6 an upsert stream (ids from JSON keys, tombstones as deletes, bad keys dead-lettered); seed 7
     a Protobuf stream (some in Confluent's wire format, bad values dead-lettered), its notes compared too; seed 8
     a Dynamic and a Variant column taking values of every kind, each value compared with its type."""
     path = {1: "decode", 2: "lines", 4: "many", 5: "decode", 6: "decode", 7: "decode", 8: "decode",
-            9: "waiting"}.get(seed, "either")
+            9: "waiting", 10: "handed"}.get(seed, "either")
     mode = {5: "cdc", 6: "upsert", 7: "protobuf", 8: "mixed"}.get(seed, "plain")
     descriptor_set = compile_proto(PROTO, tmp_path, "crash.proto") if mode == "protobuf" else ""
     client, db = ch_db
@@ -170,7 +175,8 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_pa
     store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/crash_{db}")
     store.ensure_schema()
     rng = random.Random(seed * 1000 + len(variant))
-    logs = {p: stream(rng, "src", p, 800, mode, descriptor_set) for p in (0, 1)}
+    # a retried round goes on with its run: that path needs a longer stream for as many crashes
+    logs = {p: stream(rng, "src", p, 1600 if path == "handed" else 800, mode, descriptor_set) for p in (0, 1)}
 
     def refetch(topic: str, partition: int, r: OffsetRange) -> list[Message]:
         return [m for m in logs[partition] if m.offset in r]
@@ -207,9 +213,9 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_pa
                             store.acquire_epoch("crash-sink"), block_offsets=5,
                             refetch=refetch, fault=fault, dlq=dlq)
         try:
-            if path == "many" or (path == "waiting" and rng.random() < 0.75):
+            if path in ("many", "handed") or (path == "waiting" and rng.random() < 0.75):
                 waiting = Waiting(store, ctx.epoch) if path == "waiting" else None
-                _write_together(ctx, store, logs, names, rng, crash_at, waiting)
+                _write_together(ctx, store, logs, names, rng, crash_at, waiting, handed=path == "handed")
                 if waiting is not None:  # a run that ends cleanly confirms what waits
                     waiting.flush()
                 raise Done
@@ -280,8 +286,10 @@ def test_crash_at_every_step_boundary(ch_db, kafka, topic, variant, seed, tmp_pa
 
 
 def _write_together(ctx: WriterContext, store: StateStore, logs: dict[int, list[Message]], names: tuple[str, ...],
-                    rng: random.Random, crash_at: str | None, waiting: Waiting | None) -> None:
-    """One writer run of the `many` path: each round, a batch of every partition, written together."""
+                    rng: random.Random, crash_at: str | None, waiting: Waiting | None, handed: bool = False) -> None:
+    """One writer run of the `many` path: each round, a batch of every partition, written together. `handed`: as
+    an executor task, each round handed what the last one delivered (see _task_round)."""
+    given: dict[PartitionKey, Begin] = {}  # the driver's: what the last round delivered
     pos: dict[int, int] = {}
     reach: dict[int, int] = {}  # a replayed first batch reaches into the stored range (wholly below: irrecoverable)
     for p, log in logs.items():
@@ -300,7 +308,32 @@ def _write_together(ctx: WriterContext, store: StateStore, logs: dict[int, list[
             if batch:
                 items.append((ctx, PartitionKey("crash-sink", "src", p), line_batch(batch, names)))
             pos[p] += n
-        write_lines_many(items, waiting)
+        if handed:
+            _task_round(ctx, store, items, given, rng)
+        else:
+            write_lines_many(items, waiting)
+    if handed:  # a run that ends cleanly confirms what waits
+        Waiting(store, ctx.epoch, given, handed=True).flush()
+
+
+def _task_round(ctx: WriterContext, store: StateStore, items: list[Any], given: dict[PartitionKey, Begin],
+                rng: random.Random) -> None:
+    """One batch as an executor task writes it, and the driver's part after it (ExecutorWriter.tasks_done): the
+    task is handed the ranges of its partitions that the last batch delivered; a crashed task is retried half the
+    time with the same hand-over (the first attempt may have taken them over), else the run ends."""
+    mine = {it[1]: given[it[1]] for it in items if it[1] in given}
+    task = Waiting(store, ctx.epoch, dict(mine), handed=True)
+    try:
+        write_lines_many(items, task)
+    except Crash:
+        if rng.random() < 0.5:
+            raise
+        task = Waiting(store, ctx.epoch, dict(mine), handed=True)
+        write_lines_many(items, task)  # the fault fires once: the retry goes through
+    for pk in mine:
+        del given[pk]
+    Waiting(store, ctx.epoch, given, handed=True).flush()  # partitions without records in this batch
+    given.update(task.ranges)
 
 
 def done(store: StateStore, logs: dict[int, list[Message]]) -> bool:

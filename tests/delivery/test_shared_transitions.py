@@ -164,3 +164,32 @@ def test_with_ranges_waiting_the_next_before_confirms_them_in_the_batch_s_only_s
     with pytest.raises(FencedError):
         stale.flush()
     assert phases()[1] == ("BEFORE", 125, 149)
+
+
+def test_a_handed_range_whose_row_another_attempt_moved_on_is_let_go_not_confirmed_over_it(ch_db):
+    """An executor task's ranges come from the driver (`handed`), and Spark may run a task again with the same
+    hand-over after its first attempt's BEFORE took them over. The retry's flush then finds rows past those ranges:
+    they need no AFTER, and are let go, rows untouched. The driver's own ranges stay strict, and a newer run's rows
+    fence a handed flush all the same."""
+    client, schema, _, store = _counted(ch_db, "handed")
+    epoch = store.acquire_epoch("shared")
+    ctx = WriterContext("shared", store, Inserter(client, schema), make_decoder(DecoderSpec(Format.JSON), schema),
+                        epoch, block_offsets=10)
+    pks = [PartitionKey("shared", "src", p) for p in range(3)]
+
+    def batch(lo: int, waiting: Waiting) -> None:
+        write_lines_many([(ctx, pk, line_batch(_batch(pk.partition, lo, 25), schema.names)) for pk in pks], waiting)
+
+    first = Waiting(store, epoch, handed=True)
+    batch(0, first)
+    handed = dict(first.ranges)  # what the driver hands to the next batch's task
+    batch(25, Waiting(store, epoch, dict(handed), handed=True))  # the first attempt, which then dies
+    Waiting(store, epoch, dict(handed), handed=True).flush()  # its retry's flush
+    assert {pk.partition: (r.state.phase.value, r.state.range.min) for pk, r in store.get_many(pks).items()} == {
+        p: ("BEFORE", 25) for p in range(3)}
+    with pytest.raises(FencedError):
+        Waiting(store, epoch, dict(handed)).flush()
+    store.begin(pks[0], OffsetRange(50, 74), store.acquire_epoch("shared"), block_offsets=10,
+                expected=store.get(pks[0]).state)  # type: ignore[union-attr]
+    with pytest.raises(FencedError):
+        Waiting(store, epoch, dict(handed), handed=True).flush()

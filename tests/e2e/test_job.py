@@ -275,17 +275,17 @@ def test_a_schema_registry_that_does_not_answer_stalls_the_partition_and_dead_le
         assert clickhouse_connect.get_client(dsn=ch_path.dsn).query(count[0]).result_rows == [(0,)]
 
 
-def test_the_driver_confirms_its_last_ranges_when_idle_and_when_stopped(tmp_path, kafka, topic):
-    """The driver leaves each range's AFTER to its partition's next BEFORE. With no new records no batch follows,
-    so an idle run writes them itself: killed (SIGKILL, nothing runs at exit) a few seconds after its last
-    batch, it left no range BEFORE, which the operator would read as a stall. A stopped run (SIGTERM) confirms
-    them on its way out."""
+def test_the_last_ranges_are_confirmed_when_idle_and_when_stopped(tmp_path, kafka, topic, ch_path):
+    """Each range's AFTER is left to its partition's next BEFORE (on the driver, or in the next batch's executor
+    task). With no new records no batch follows, so an idle run writes them itself: killed (SIGKILL, nothing runs
+    at exit) a few seconds after its last batch, it left no range BEFORE, which the operator would read as a
+    stall. A stopped run (SIGTERM) confirms them on its way out."""
     import os
     import signal
     import time
 
     src, dlq = topic(2), topic(1)
-    sink = SinkHarness(tmp_path, kafka, src, dlq)
+    sink = SinkHarness(tmp_path, kafka, src, dlq, server=ch_path)
     produce_events(kafka, src, 2000)
     sink.start("--quiet")
     assert sink.wait_for_batches(1)
