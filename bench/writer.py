@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=4, help="the first warms up and is left out")
     ap.add_argument("--dirty", type=float, default=0.0, help="also deliver each batch with this share of bad records")
     ap.add_argument("--after", choices=("waiting", "immediate"), default="waiting",
-                    help="AFTER left to the next BEFORE, as the driver does, or written at once, as executors do")
+                    help="AFTER left to the next BEFORE, as the job does, or written at once, as it did before")
     ap.add_argument("--engine", choices=("EmbeddedRocksDB", "KeeperMap"), default="EmbeddedRocksDB",
                     help="the state table's engine; KeeperMap starts a ZooKeeper for it")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -141,11 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="chsink-writer-"))
         kafka = stack.enter_context(Kafka(Path(tmp) / "kafka")) if a.dirty else None
-        a.chdb_config = None
+        chdb_config = None
         if a.engine == "KeeperMap":
             zk = stack.enter_context(ZooKeeper(Path(tmp) / "zookeeper"))
-            a.chdb_config = str(zk.clickhouse_config(Path(tmp) / "ch.xml"))
-        return _run(a, tmp, kafka)
+            chdb_config = str(zk.clickhouse_config(Path(tmp) / "ch.xml"))
+        return _run(a, tmp, kafka, chdb_config)
 
 
 def _deliveries(deliver: list[tuple[float, float]], rows: int) -> dict[str, Any]:
@@ -157,7 +157,7 @@ def _deliveries(deliver: list[tuple[float, float]], rows: int) -> dict[str, Any]
             "cpu_us_per_row": round(sum(c for _, c in steady) * 1e6 / (rows * len(steady)), 3)}
 
 
-def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
+def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None, chdb_config: str | None) -> int:
     from sparkapp.config import SinkConfig
     from sparkapp.core.blocks import payload
     from sparkapp.delivery.runtime import Runtime
@@ -180,7 +180,7 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None) -> int:
         "name": "bench-writer", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["bench", "bench-dirty"]},
         "clickhouse": {"endpoints": [f"chdb://{tmp}/chdb"], "database": "bench",
                        "tables": {"bench": "events", "bench-dirty": "dirty"},
-                       **({"chdbConfigFile": a.chdb_config} if a.chdb_config else {})},
+                       **({"chdbConfigFile": chdb_config} if chdb_config else {})},
         "state": {"engine": a.engine, "enabled": True, "keeperPath": "/bench_writer"},
         "batching": {"maxOffsetsPerTrigger": per_batch}, "checkpointLocation": f"{tmp}/checkpoint"})
     client = clickhouse_client(cfg.clickhouse)

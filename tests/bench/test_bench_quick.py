@@ -66,7 +66,7 @@ def test_writer_alone_writes_json(tmp_path):
     """`python -m bench.writer`: the writer's delivery without Spark stores every row (the module asserts the
     count), with its CPU split into stages, its state store's round trips and the GIL probe's rates; with
     `--dirty`, the same batches with bad records beside them, dead-lettered to a real broker (the module asserts
-    every other row is stored). `--after immediate` writes each AFTER at once, as executors do."""
+    every other row is stored). `--after immediate` writes each AFTER at once, as every batch did before."""
     res = subprocess.run([sys.executable, "-m", "bench.writer", "--events", "16000", "--batches", "2", "--dirty",
                           "0.02", "--after", "immediate", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
                          text=True, timeout=600, env=mimalloc_verbose_env())
