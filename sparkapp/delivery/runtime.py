@@ -175,7 +175,7 @@ class Runtime:
     health: Health = field(default_factory=Health)  # shared by every table's shards: one physical shard, one health
     tried: dict[str, set[str]] = field(default_factory=dict)  # per table, fields not to add as columns (addColumns)
     readers: dict[str, Reader] = field(default_factory=dict)  # per table, what its decoder reads records with
-    waiting: Waiting | None = None  # delivered ranges whose AFTER waits for their next BEFORE (the driver's)
+    waiting: Waiting | None = None  # delivered ranges whose AFTER waits for their next BEFORE (Waiting)
 
     @classmethod
     def open(cls, cfg: SinkConfig, epoch: int) -> Runtime:

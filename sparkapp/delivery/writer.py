@@ -33,7 +33,7 @@ from .sift import Sifted, send_window, sift_range
 log = logging.getLogger(__name__)
 
 # Where the crash tests inject faults (WriterContext.fault), in protocol order. `after_commit` follows a range's
-# AFTER, written or, on the driver, left waiting for the partition's next BEFORE (Waiting).
+# AFTER, written or left waiting for the partition's next BEFORE (Waiting).
 STEPS = ("before_begin", "after_begin", "after_dlq_mark", "after_dlq_send", "after_dlq", "after_block",
          "after_insert", "after_commit")
 
@@ -278,7 +278,7 @@ def write_lines_many(items: Sequence[tuple[WriterContext, PartitionKey, LineBatc
     write_lines alone, after them. Windows, tokens and fencing are write_lines'; a crash between the BEFORE
     and the AFTER leaves every partition BEFORE, re-sent identically by the next run.
 
-    With `waiting` (the driver's), the AFTER write is left out: the delivered ranges wait there for their
+    With `waiting`, the AFTER write is left out: the delivered ranges wait there for their
     partitions' next BEFORE (Waiting). Waiting ranges of partitions that take no shared BEFORE in this batch
     are confirmed before the partitions that go alone plan, so none of them plans from its own delivered range.
 
