@@ -15,7 +15,7 @@ COPY pyproject.toml uv.lock ./
 RUN mkdir -p /dist \
  && uv export --frozen --no-dev --no-hashes --no-emit-project --format requirements-txt -o /dist/requirements.txt \
  && grep -v '^pyspark==' /dist/requirements.txt > /dist/requirements-spark.txt \
- && grep -vE '^(pyspark|py4j|chdb|chdb-core|pyarrow|pandas|numpy|fastavro)==' /dist/requirements.txt \
+ && grep -vE '^(pyspark|py4j|chdb|chdb-core|pyarrow|pandas|numpy|fastavro|grpcio|grpcio-tools)==' /dist/requirements.txt \
       > /dist/requirements-operator.txt
 
 FROM requirements AS wheel

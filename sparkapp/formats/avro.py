@@ -1,4 +1,7 @@
-"""Avro records: an inline writer schema, or Confluent's wire format with a schema registry."""
+"""Avro records: an inline writer schema, or Confluent's wire format with a schema registry.
+
+A registry's schema may name types another subject's schema defines (its references): those are fetched first,
+each after its own, and the record read with all of them."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .rows import DecodeError
-from .schema_registry import fetch
+from .schema_registry import fetch, reference_url
 
 
 class AvroReader:
@@ -50,13 +53,33 @@ class AvroReader:
         import fastavro
 
         if schema_id not in self._registry:
-            url = f"{url_base.rstrip('/')}/schemas/ids/{schema_id}"
-            text = fetch(url, f"avro: schema id {schema_id}")["schema"]
+            base = url_base.rstrip("/")
+            url = f"{base}/schemas/ids/{schema_id}"
+            doc = fetch(url, f"avro: schema id {schema_id}")
+            named: dict[str, Any] = {}
             try:
-                self._registry[schema_id] = fastavro.parse_schema(json.loads(text))
+                self._referenced(base, doc, named, set())
+                self._registry[schema_id] = fastavro.parse_schema(json.loads(doc["schema"]), named_schemas=named)
+            except DecodeError:
+                raise
             except Exception as e:  # the registry's schema for this id is not Avro: every record naming it is bad
                 raise DecodeError(f"avro: schema id {schema_id} at {url} is no Avro schema: {e}") from None
         return self._registry[schema_id]
+
+    def _referenced(self, base: str, doc: dict[str, Any], named: dict[str, Any], seen: set[str]) -> None:
+        """Adds the named types of every schema `doc` references to `named`, each after those it references."""
+        import fastavro
+
+        for ref in doc.get("references") or []:
+            if ref["name"] not in seen:
+                seen.add(ref["name"])
+                url = reference_url(base, ref)
+                dep = fetch(url, f"avro: schema {ref['name']}")
+                self._referenced(base, dep, named, seen)
+                try:
+                    fastavro.parse_schema(json.loads(dep["schema"]), named_schemas=named)
+                except Exception as e:
+                    raise DecodeError(f"avro: the schema {ref['name']} at {url} is no Avro schema: {e}") from None
 
 
 def avro_reader(inline_schema: str | None, registry_url: str | None) -> Callable[[bytes], dict[str, Any]]:

@@ -13,8 +13,15 @@ columns, the decoder's strict conversion and the dead-letter reasons are the sam
 
 A value that starts with a zero byte is in Confluent's wire format (no protobuf message starts with one: field
 number 0 does not exist): magic byte, 4-byte schema id, the message's indexes in its file. With a registry the
-id names the writer's schema, fetched once (`?format=serialized`, its references with it) and the indexes the
-message in it; with a descriptor set, the framing is stripped and the value read as the configured message.
+id names the writer's schema, fetched once with its references, and the indexes the message in it; with a
+descriptor set, the framing is stripped and the value read as the configured message.
+
+A registry keeps a schema as its producer registered it: Confluent's Python and .NET clients send a serialized
+descriptor (base64), its Java client and people the .proto source. Confluent's registry serializes either on
+request (`?format=serialized`); not every Confluent-compatible one does (Apicurio's fails on a serialized schema
+and mangles the bytes of a source one). So the serialized form is asked for first and taken only when it is one;
+otherwise the schema as registered is, and a source is compiled (protoc, from grpcio-tools) against the files it
+imports.
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from .rows import DecodeError
-from .schema_registry import fetch
+from .schema_registry import RegistryUnavailableError, fetch, reference_url
 
 ValueFn = Callable[[Any], Any]
 _INT_TYPES = {f"{p}Int{n}" for p in ("", "U") for n in (8, 16, 32, 64, 128, 256)}
@@ -239,8 +247,7 @@ class ProtobufReader:
             from google.protobuf import descriptor_pb2
 
             files: list[Any] = []
-            root = self._fetch_file(f"/schemas/ids/{schema_id}?format=serialized", f"schema-{schema_id}.proto",
-                                    files, set())
+            root = self._fetch_file(f"/schemas/ids/{schema_id}", f"schema-{schema_id}.proto", files, set())
             desc: Any = root
             names = []
             for depth, i in enumerate(indexes):
@@ -258,24 +265,70 @@ class ProtobufReader:
         return self._by_schema[key]
 
     def _fetch_file(self, path: str, name: str, files: list[Any], seen: set[str]) -> Any:
-        """Fetches a serialized schema and, first, every schema it references (appended to files in order)."""
-        from google.protobuf import descriptor_pb2
-
+        """Fetches a schema and, first, every schema it references (appended to files in order)."""
         url = f"{self.registry_url}{path}"
-        doc = fetch(url, f"protobuf: schema {name}")
-        try:
-            proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(doc["schema"]))
-        except Exception as e:  # not a serialized Protobuf schema: every record naming it is bad
-            raise DecodeError(f"protobuf: the schema at {url} is no serialized Protobuf file: {e}") from None
-        proto.name = proto.name or name
-        seen.add(proto.name)
+        doc = _schema_doc(url, f"protobuf: schema {name}")
+        seen.add(name)
         for ref in doc.get("references") or []:
             if ref["name"] not in seen:
-                seen.add(ref["name"])
-                self._fetch_file(f"/subjects/{ref['subject']}/versions/{ref['version']}?format=serialized",
-                                 ref["name"], files, seen)
+                self._fetch_file(reference_url("", ref), ref["name"], files, seen)
+        proto = _serialized(doc["schema"])
+        if proto is None:
+            proto = _compiled(doc["schema"], name, files, url)
+        proto.name = proto.name or name
+        seen.add(proto.name)
         files.append(proto)
         return proto
+
+
+def _schema_doc(url: str, what: str) -> dict[str, Any]:
+    """The registry's answer for a schema: its serialized form when the registry gives one, else the schema as
+    it was registered. A registry that answers nothing is an outage, whichever form was asked for."""
+    try:
+        doc = fetch(f"{url}?format=serialized", what)
+        if _serialized(doc["schema"]) is not None:
+            return doc
+    except RegistryUnavailableError as e:
+        if e.status is None:
+            raise
+    return fetch(url, what)
+
+
+def _serialized(schema: str) -> Any:
+    """The FileDescriptorProto a base64 schema holds, or None when it holds none."""
+    from google.protobuf import descriptor_pb2
+
+    try:
+        return descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema, validate=True))
+    except Exception:  # not base64 (a source never is), or not a descriptor: the registry gave something else
+        return None
+
+
+_PROTOC = threading.Lock()  # protoc runs in this process, and keeps state of its own
+
+
+def _compiled(source: str, name: str, files: list[Any], url: str) -> Any:
+    """The FileDescriptorProto of a .proto source, its imports taken from `files` (the references fetched
+    before it) and from protobuf's own well-known types."""
+    import tempfile
+    from importlib.resources import files as package_files
+    from pathlib import Path
+
+    from google.protobuf import descriptor_pb2
+    from grpc_tools import protoc
+
+    with _PROTOC, tempfile.TemporaryDirectory(prefix="chsink-proto-") as d:
+        root = Path(d)
+        (root / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "src" / name).write_text(source)
+        deps, out = root / "deps.pb", root / "out.pb"
+        deps.write_bytes(descriptor_pb2.FileDescriptorSet(file=files).SerializeToString())
+        rc = protoc.main(["protoc", f"-I{root / 'src'}", f"-I{package_files('grpc_tools') / '_proto'}",
+                          *([f"--descriptor_set_in={deps}"] if files else []), f"--descriptor_set_out={out}", name])
+        if rc != 0:
+            raise DecodeError(f"protobuf: the schema at {url} is .proto source that protoc cannot compile "
+                              f"(exit {rc})")
+        return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
 
 
 def numeric_columns(types: dict[str, str]) -> frozenset[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -16,7 +17,12 @@ from .rows import DecodeError
 
 
 class RegistryUnavailableError(ConnectionError):
-    """The schema registry did not answer, or answered with an error of its own (5xx): try again later."""
+    """The schema registry did not answer, or answered with an error of its own (5xx): try again later.
+    `status` is the HTTP status of an answer, None when there was none."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def fetch(url: str, what: str, timeout: float = 10) -> dict[str, Any]:
@@ -27,7 +33,7 @@ def fetch(url: str, what: str, timeout: float = 10) -> dict[str, Any]:
     except urllib.error.HTTPError as e:
         if e.code == 404:
             raise DecodeError(f"{what} not found at {url} (404)") from None
-        raise RegistryUnavailableError(f"schema registry at {url} answered {e.code}: {e.reason}") from None
+        raise RegistryUnavailableError(f"schema registry at {url} answered {e.code}: {e.reason}", e.code) from None
     except (OSError, TimeoutError) as e:  # refused, unreachable, timed out
         raise RegistryUnavailableError(f"schema registry at {url} did not answer: {e}") from None
     except ValueError as e:
@@ -35,3 +41,9 @@ def fetch(url: str, what: str, timeout: float = 10) -> dict[str, Any]:
     if not isinstance(doc, dict) or "schema" not in doc:
         raise RegistryUnavailableError(f"schema registry at {url} answered without a schema: {str(doc)[:200]}")
     return doc
+
+
+def reference_url(base: str, ref: dict[str, Any]) -> str:
+    """Where a schema's reference is: its subject, escaped (Confluent's clients name the subject of an imported
+    Protobuf file after its path, `common/money.proto`), at its version."""
+    return f"{base}/subjects/{urllib.parse.quote(str(ref['subject']), safe='')}/versions/{ref['version']}"

@@ -241,16 +241,8 @@ def test_a_schema_registry_that_does_not_answer_stalls_the_partition_and_dead_le
 
     src, dlq = topic(1), topic(1)
     table = f"reg_{src.replace('-', '_')[:40]}"
-    ddl = (f"CREATE TABLE default.{table} (a Int64, _topic String, _partition UInt32, _offset UInt64) ENGINE = "
-           "MergeTree ORDER BY _offset SETTINGS non_replicated_deduplication_window = 100")
-    count = [f"SELECT count() FROM default.{table}"]
-    if ch_path is None:
-        sql = [sys.executable, "-m", "hack.chsql", str(tmp_path / "chdb")]
-        subprocess.run([*sql, ddl], cwd=REPO, check=True)
-    else:
-        import clickhouse_connect
-
-        clickhouse_connect.get_client(dsn=ch_path.dsn).command(ddl)
+    _sql(tmp_path, ch_path, f"CREATE TABLE default.{table} (a Int64, _topic String, _partition UInt32, "
+         "_offset UInt64) ENGINE = MergeTree ORDER BY _offset SETTINGS non_replicated_deduplication_window = 100")
     p = Producer({"bootstrap.servers": kafka.bootstrap})
     for _ in range(3):
         p.produce(src, b"\x00\x00\x00\x00\x07\x02")  # Confluent's wire format: schema id 7, then the record
@@ -268,11 +260,52 @@ def test_a_schema_registry_that_does_not_answer_stalls_the_partition_and_dead_le
         assert c.get_watermark_offsets(TopicPartition(dlq, 0), timeout=10) == (0, 0), "nothing dead-lettered"
     finally:
         c.close()
+    assert _sql(tmp_path, ch_path, f"SELECT count() FROM default.{table}") == [[0]]
+
+
+def _sql(tmp_path, ch_path, statement: str) -> list[list[object]]:
+    """A statement run on the test's ClickHouse, the job's chdb folder or the session's server; its rows."""
     if ch_path is None:
-        out = subprocess.run([*sql, *count], cwd=REPO, check=True, capture_output=True, text=True).stdout
-        assert json.loads(out.splitlines()[0]) == [[0]]
-    else:
-        assert clickhouse_connect.get_client(dsn=ch_path.dsn).query(count[0]).result_rows == [(0,)]
+        out = subprocess.run([sys.executable, "-m", "hack.chsql", str(tmp_path / "chdb"), statement], cwd=REPO,
+                             check=True, capture_output=True, text=True).stdout
+        return json.loads(out.splitlines()[0]) if out.strip() else []
+    import clickhouse_connect
+
+    return [list(r) for r in clickhouse_connect.get_client(dsn=ch_path.dsn).query(statement).result_rows]
+
+
+def test_protobuf_records_are_read_with_the_schemas_a_registry_holds(tmp_path, kafka, topic, ch_path,
+                                                                     schema_registry):
+    """The job over Protobuf records a Java producer framed, its schema registered as .proto source that imports
+    another registered file: read with the registry's schemas on the driver and on executors (each compiles the
+    source), every record stored, none dead-lettered."""
+    from tests.formats.test_schema_registry import SOURCES
+    from tests.helpers import registry_protobuf_writer
+
+    src, dlq = topic(2), topic(1)
+    table = f"pbreg_{src.replace('-', '_')[:40]}"
+    _sql(tmp_path, ch_path, f"CREATE TABLE default.{table} (id Int64, total Tuple(currency String, units Int64), "
+         "_topic String, _partition UInt32, _offset UInt64) ENGINE = MergeTree ORDER BY (_partition, _offset) "
+         "SETTINGS non_replicated_deduplication_window = 100")
+    write = registry_protobuf_writer(schema_registry.url, src, "shop.v1.Order", "proto-source", SOURCES, tmp_path)
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(400):
+        p.produce(src, write({"id": i, "total": {"currency": "EUR", "units": i * 3}}), partition=i % 2)
+    assert p.flush(30) == 0
+    endpoint = {"endpoint": ch_path.dsn} if ch_path is not None else {}
+    path = _config(tmp_path, bootstrap=kafka.bootstrap, topic=src, dlq={"topic": dlq}, table=table, **endpoint,
+                   format={"type": "protobuf", "schemaRegistryUrl": schema_registry.url})
+    res = run_cli("run", "--config", str(path), "--until-idle", "5", "--max-seconds", "120")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _sql(tmp_path, ch_path, f"SELECT count(), uniqExact(id), sum(id * 3 = total.units) FROM "
+                f"default.{table} WHERE total.currency = 'EUR'") == [[400, 400, 400]], res.stderr[-3000:]
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "registry-test-up"})
+    try:
+        from confluent_kafka import TopicPartition
+
+        assert c.get_watermark_offsets(TopicPartition(dlq, 0), timeout=10) == (0, 0), "nothing dead-lettered"
+    finally:
+        c.close()
 
 
 def test_the_last_ranges_are_confirmed_when_idle_and_when_stopped(tmp_path, kafka, topic, ch_path):
