@@ -17,6 +17,9 @@ With `--dirty F` each batch is followed by the same events with a share F of bad
 bench`) on a topic of their own, dead-lettered to a real Kafka broker: `deliver_all_dirty`, and the CPU per row
 dirty data adds to the writer, batch by batch beside the clean one.
 
+With `--key-shards N` the rows are routed by `user_id` over N shards, a chdb database each, as (k) runs: the
+keys read from the lines, each window split into a sub-block per shard.
+
 It runs with Arrow's allocator set as the job sets it (`sparkapp.spark.session.keep_arrow_memory`), unless the
 environment sets it; the results give the setting (`arrow_allocator`).
 
@@ -136,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="AFTER left to the next BEFORE, as the job does, or written at once, as it did before")
     ap.add_argument("--engine", choices=("EmbeddedRocksDB", "KeeperMap"), default="EmbeddedRocksDB",
                     help="the state table's engine; KeeperMap starts a ZooKeeper for it")
+    ap.add_argument("--key-shards", type=int, default=0,
+                    help="rows routed by `user_id` over this many shards (a chdb database each), as (k) runs")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     a = ap.parse_args(argv)
     with contextlib.ExitStack() as stack:
@@ -176,17 +181,21 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None, chdb_config: str 
 
     batches = events(0.0, "bench")
     dirty = events(a.dirty, "bench-dirty") if kafka is not None else []
+    dbs = [f"bench_s{i}" for i in range(a.key_shards)] or ["bench"]  # where the deliveries go
     cfg = SinkConfig.model_validate({
         "name": "bench-writer", "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["bench", "bench-dirty"]},
-        "clickhouse": {"endpoints": [f"chdb://{tmp}/chdb"], "database": "bench",
+        "clickhouse": {"endpoints": [f"chdb://{tmp}/chdb"] * len(dbs), "database": dbs[0],
                        "tables": {"bench": "events", "bench-dirty": "dirty"},
+                       **({"shardDatabases": dbs} if a.key_shards else {}),
                        **({"chdbConfigFile": chdb_config} if chdb_config else {})},
+        **({"sharding": {"policy": "key", "key": "user_id"}} if a.key_shards else {}),
         "state": {"engine": a.engine, "enabled": True, "keeperPath": "/bench_writer"},
         "batching": {"maxOffsetsPerTrigger": per_batch}, "checkpointLocation": f"{tmp}/checkpoint"})
     client = clickhouse_client(cfg.clickhouse)
-    client.command("CREATE DATABASE IF NOT EXISTS bench")
-    for table in ("events", "dirty", "stages"):
-        client.command(TABLE.format(db="bench", table=table))
+    for db in dict.fromkeys(["bench", *dbs]):
+        client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+        for table in ("events", "dirty", "stages"):
+            client.command(TABLE.format(db=db, table=table))
     client.command("CREATE TABLE bench.parse AS bench.events ENGINE = Null")
     store = state_store(cfg, client)
     store.ensure_schema()
@@ -216,7 +225,7 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None, chdb_config: str 
             assert sum(o["rows"] for o in outcomes) == tbl.num_rows, outcomes
             dead += sum(o["dead"] for o in outcomes)
     for table, kind in (("events", "clean"), ("dirty", "dirty")):
-        stored = int(client.command(f"SELECT count() FROM bench.{table}"))  # type: ignore[arg-type]
+        stored = sum(int(str(client.command(f"SELECT count() FROM {db}.{table}"))) for db in dbs)
         want = per_batch * len(deliver[kind]) - (dead if kind == "dirty" else 0)
         assert stored == want, f"{stored} rows stored in {table} of {want}"
 
@@ -262,7 +271,7 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None, chdb_config: str 
     us = 1e6 / (per_batch * (len(batches) - 1 or 1))
     results: dict[str, Any] = {
         "date": dt.date.today().isoformat(), "events_per_batch": per_batch, "partitions": a.partitions,
-        "batches": a.batches, "after": a.after, "engine": a.engine,
+        "batches": a.batches, "after": a.after, "engine": a.engine, "key_shards": a.key_shards,
         "arrow_allocator": {k: os.environ[k] for k in ARROW_ALLOCATOR_ENV},
         "deliver_all": _deliveries(deliver["clean"], per_batch),
         "state_store": state_calls.per_batch(state_batches[1:] or state_batches),

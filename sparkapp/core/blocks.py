@@ -16,7 +16,7 @@ sent to (0 when unsharded). `|` in a sink, topic or table name is escaped as `%7
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .state_machine import OffsetRange
@@ -71,7 +71,9 @@ class LineBlock:
     offsets: tuple[int, ...]
     lines: Any = None  # the Arrow slice the payload came from (to cut a partial retry)
     shard: int = 0
-    keys: tuple[Any, ...] | None = None  # each row's routing key, as the decoder reads it (policy key)
+    # each row's routing key, as the decoder reads it (policy key): a numpy array, or any sequence; derived from
+    # the lines, so not compared
+    keys: Any = field(default=None, compare=False)
 
     @property
     def rows(self) -> int:
@@ -130,17 +132,24 @@ def split_block(block: Block | LineBlock, shards: Sequence[int],
     out: list[tuple[int, Block | LineBlock]] = []
     for s in present:  # in shard order, each shard's rows in row order (one vectorized pick per shard)
         picked = np.flatnonzero(of == s)
-        idx: list[int] = picked.tolist()
         offsets = tuple(every[picked].tolist())
         if isinstance(block, LineBlock):
             lines = block.lines.take(picked)
-            keys = None if block.keys is None else tuple(block.keys[i] for i in idx)
+            keys = None if block.keys is None else pick(block.keys, picked)
             out.append((s, replace(block, token=token_of(s), payload=payload(lines), offsets=offsets, lines=lines,
                                    shard=s, keys=keys)))
         else:
+            idx: list[int] = picked.tolist()
             data = tuple([col[i] for i in idx] for col in block.data)
             out.append((s, replace(block, token=token_of(s), data=data, offsets=offsets, shard=s)))
     return out
+
+
+def pick(values: Any, at: Any) -> Any:
+    """The values at the indexes `at` (a numpy array): one vectorized pick of a numpy array, else a tuple."""
+    import numpy as np
+
+    return values[at] if isinstance(values, np.ndarray) else tuple(values[i] for i in at.tolist())
 
 
 def payload(lines: Any) -> memoryview:

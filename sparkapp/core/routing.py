@@ -88,7 +88,7 @@ def weighted_shard(h: int, weights: Sequence[int]) -> int:
 
 # XXH64's primes; its one-lane step and final mix below are for inputs of 8 bytes or fewer (an integer key)
 _XXH_PRIMES = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)
-_INT_DTYPES = {"Int8": "int8", "UInt8": "uint8", "Int16": "int16", "UInt16": "uint16", "Int32": "int32",
+INT_DTYPES = {"Int8": "int8", "UInt8": "uint8", "Int16": "int16", "UInt16": "uint16", "Int32": "int32",
                "UInt32": "uint32", "Int64": "int64", "UInt64": "uint64"}
 
 
@@ -98,7 +98,7 @@ def hashes64(name: HashName, keys: Sequence[Any], type_name: str) -> Any:
     fails as key_bytes does), one by one."""
     import numpy as np
 
-    dtype = _INT_DTYPES.get(type_name)
+    dtype = INT_DTYPES.get(type_name)
     ints = np.asarray(keys) if dtype else np.empty(0, dtype=object)
     # integers (or bools, which key_bytes packs as 0 and 1) that all fit the column: numpy would wrap the others
     if dtype and ints.dtype.kind in "iub" and (

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, payload, split_block
+from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, payload, pick, split_block
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import MissingPolicy, OffsetRange, Phase, Plan, StoredState, plan_batch
 from ..edges.insert import InsertError, first_line
@@ -26,6 +26,7 @@ from ..edges.store import Begin, DlqPhase, FencedError, PartitionKey, StateConfl
 from ..formats.jsoneachrow import LineBatch, guard
 from ..formats.keys import line_keys
 from ..formats.rows import decode_batch
+from ..formats.schema import Column
 from .context import DataLossError, DeadLetterSink, PartitionResult, WriterContext, ordered, require_dlq
 from .plain import write_plain, write_plain_lines
 from .sift import Sifted, send_window, sift_range
@@ -194,9 +195,10 @@ def _lines_range(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
     result.dead_lettered += len(dead_in)
     sent = {d.message.offset for d in dead_in}  # dead-lettered up front already
     messages = functools.cache(lambda: ordered(batch.messages()))  # read at most once, when a window needs it
+    key = _key_column(ctx, place)
     for sw in windows:
-        keys = None if sw.decoder else _route_keys(ctx, place, sw)
-        if keys is None:
+        keys = None if sw.decoder or key is None else line_keys(sw.lines, key)
+        if sw.decoder or (key is not None and keys is None):  # a suspect record it keeps, or a key only it reads
             log.info("%s: window %s takes the decoder (a suspect record it keeps, or a key it reads)", pk, sw.window)
             _decode_window(ctx, pk, rng, sw.window, retry, messages(), sent, result, place)
         else:
@@ -204,14 +206,12 @@ def _lines_range(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
                           sent, result)
 
 
-def _route_keys(ctx: WriterContext, place: Placement, sw: Sifted) -> dict[int, Any] | None:
-    """Each line's routing key by offset when the range's layout routes rows by key (empty when it does not);
-    None when a line's key is not read as the decoder reads it: the window takes the decoder."""
+def _key_column(ctx: WriterContext, place: Placement) -> Column | None:
+    """The column whose value routes each row when the range's layout routes rows by key."""
     if ctx.shards is None or not ctx.shards.layouts[place.layout].needs_key:
-        return {}
+        return None
     schema = ctx.inserter.schema
-    keys = line_keys(sw.lines, schema.columns[schema.names.index(ctx.shards.layouts[place.layout].key)])
-    return None if keys is None else dict(zip(sw.offsets, keys, strict=True))
+    return schema.columns[schema.names.index(ctx.shards.layouts[place.layout].key)]
 
 
 @dataclass
@@ -388,17 +388,17 @@ def _shared_dlq(ranges: list[tuple[WriterContext, PartitionKey, list[DeadLetter]
 
 def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
                   where: tuple[OffsetRange, OffsetRange, bool, Placement],
-                  what: tuple[tuple[int, ...], Any, dict[int, Any]], messages: Callable[[], list[Message]],
+                  what: tuple[tuple[int, ...], Any, Any], messages: Callable[[], list[Message]],
                   sent: set[int], result: PartitionResult) -> None:
     """One sifted window of the fast path (`where`: its range, the window, whether a retry, its placement; `what`:
-    its offsets, lines and routing keys): sent, the lines ClickHouse refuses all the same sifted out, or the
-    whole window through the decoder."""
+    its offsets, lines and routing keys, None when not routed by key): sent, the lines ClickHouse refuses all the
+    same sifted out, or the whole window through the decoder."""
     rng, w, retry, place = where
     offsets, lines, keys = what
 
     def send(offs: tuple[int, ...], ls: Any) -> None:
         block = LineBlock(w, _token(pk, w, place.shard), payload(ls), offs, ls, place.shard,
-                          tuple(keys[o] for o in offs) if keys else None)
+                          _keys_of(keys, offsets, offs))
         _send(ctx, pk, [block], retry, result, place)
 
     def dead_letter(dead: list[DeadLetter]) -> None:
@@ -410,6 +410,16 @@ def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
                        send=send, dead_letter=dead_letter):
         log.info("%s: window %s takes the decoder", pk, w)
         _decode_window(ctx, pk, rng, w, retry, messages(), sent, result, place)
+
+
+def _keys_of(keys: Any, offsets: tuple[int, ...], offs: tuple[int, ...]) -> Any:
+    """The routing keys of `offs`, the window's sorted `offsets` or what is left of them once ClickHouse refused
+    some lines."""
+    if keys is None or len(offs) == len(offsets):
+        return keys
+    import numpy as np
+
+    return pick(keys, np.searchsorted(np.asarray(offsets), np.asarray(offs)))
 
 
 def _decode_window(ctx: WriterContext, pk: PartitionKey, rng: OffsetRange, w: OffsetRange, retry: bool,

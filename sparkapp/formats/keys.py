@@ -22,25 +22,27 @@ from .schema import Column
 _ARROW = {"String": "string", "Int64": "int64", "UInt64": "uint64"}
 
 
-def line_keys(lines: Any, col: Column) -> list[Any] | None:
+def line_keys(lines: Any, col: Column) -> Any | None:
     """The key of each line (an Arrow string array of JSON objects, one per line, each ending in a newline),
-    in order; None when a line's key is not one the decoder would read alike."""
+    in order, as a numpy array (of the key's own integers when the column is an integer one); None when a
+    line's key is not one the decoder would read alike. Keys read whole by Arrow stay an array: a Python
+    object per key cost more than the rest of routing a window."""
     import numpy as np
     import pyarrow as pa
 
     if len(lines) == 0:
-        return []
-    keys: list[Any] = [None] * len(lines)
+        return _key_array([], col)
     plain = _plain(lines, col)
-    if plain is not None:
-        picked = np.flatnonzero(plain)
-        if len(picked):
-            read = _arrow_read(lines if len(picked) == len(lines) else lines.take(pa.array(picked, pa.int64())), col)
-            if read is not None and len(picked) == len(lines):
-                keys = read
-            elif read is not None:
-                for i, k in zip(picked.tolist(), read, strict=True):
-                    keys[i] = k
+    picked = np.flatnonzero(plain) if plain is not None else np.empty(0, dtype=np.int64)
+    read = None
+    if len(picked):
+        read = _arrow_read(lines if len(picked) == len(lines) else lines.take(pa.array(picked, pa.int64())), col)
+        if read is not None and len(picked) == len(lines) and not isinstance(read, list):  # the common case
+            return read
+    keys: list[Any] = [None] * len(lines)
+    if read is not None:
+        for i, k in zip(picked.tolist(), read, strict=True):
+            keys[i] = k
     rest = [i for i, k in enumerate(keys) if k is None]
     if rest:
         odd = lines.take(pa.array(rest, pa.int64())) if len(rest) < len(lines) else lines
@@ -49,7 +51,26 @@ def line_keys(lines: Any, col: Column) -> list[Any] | None:
                 keys[i] = decoder_key(raw, col)
             except (DecodeError, ConversionError):
                 return None
-    return keys
+    return _key_array(keys, col)
+
+
+def _key_array(keys: list[Any], col: Column) -> Any:
+    """Keys as a numpy array, as Arrow's reader gives them: the column's own integers for an integer column (each
+    fits: the decoder converted it), else one Python object per key."""
+    import numpy as np
+
+    from ..core.routing import INT_DTYPES
+
+    dtype = INT_DTYPES.get(_base(col).name)
+    if dtype:
+        return np.array(keys, dtype=dtype)
+    out = np.empty(len(keys), dtype=object)  # not np.array(keys): that would make str keys a numpy string array
+    out[:] = keys
+    return out
+
+
+def _base(col: Column) -> Any:
+    return col.type.args[0] if col.type.name == "LowCardinality" else col.type
 
 
 def decoder_key(line: bytes, col: Column) -> Any:
@@ -65,7 +86,7 @@ def _plain(lines: Any, col: Column) -> Any:
 
     from ..core.blocks import line_bounds, payload
 
-    base = col.type.args[0] if col.type.name == "LowCardinality" else col.type
+    base = _base(col)
     if base.name not in _ARROW or "." in col.name:  # a dotted name may be a Nested field: the decoder decides
         return None
     # the lines holding a backslash (an escape), found in their bytes at once: Arrow's substring search, line by
@@ -77,16 +98,16 @@ def _plain(lines: Any, col: Column) -> Any:
     return plain
 
 
-def _arrow_read(lines: Any, col: Column) -> list[Any] | None:
-    """One pass of Arrow's JSON reader over the lines, typed by the column: each line's key, None where it has
-    none (missing or null); None for all when Arrow refuses any line."""
+def _arrow_read(lines: Any, col: Column) -> Any | None:
+    """One pass of Arrow's JSON reader over the lines, typed by the column: each line's key, as a numpy array
+    when every line has one, else a list with None where a line has none (missing or null); None when Arrow
+    refuses any line."""
     import pyarrow as pa
     import pyarrow.json as pj
 
     from ..core.blocks import payload
 
-    base = col.type.args[0] if col.type.name == "LowCardinality" else col.type
-    schema = pa.schema([(col.name, getattr(pa, _ARROW[base.name])())])
+    schema = pa.schema([(col.name, getattr(pa, _ARROW[_base(col).name])())])
     opts = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     data = payload(lines)  # the lines' own bytes, not copied
     try:
@@ -94,6 +115,9 @@ def _arrow_read(lines: Any, col: Column) -> list[Any] | None:
                              # one block, parsed on this thread: Arrow's threads cost 15% more CPU for nothing
                              read_options=pj.ReadOptions(use_threads=False, block_size=max(len(data), 1 << 20)),
                              parse_options=opts)
-        return None if table.num_rows != len(lines) else list(table.column(0).to_pylist())
-    except (pa.ArrowInvalid, UnicodeDecodeError):  # a line Arrow refuses, or text it let through undecoded
+        if table.num_rows != len(lines):
+            return None
+        read = table.column(0).combine_chunks()
+        return read.to_pylist() if read.null_count else read.to_numpy(zero_copy_only=False)
+    except (pa.ArrowException, UnicodeDecodeError):  # a line Arrow refuses, or text it let through undecoded
         return None

@@ -91,13 +91,16 @@ def test_writer_alone_writes_json(tmp_path):
 def test_writer_alone_on_keeper_map_as_the_driver_writes(tmp_path):
     """`python -m bench.writer --engine KeeperMap`: the state table on KeeperMap, a real ZooKeeper beside it; by
     default each range's AFTER waits for its partition's next BEFORE, as on the driver: a steady batch's state
-    transitions are one read to plan, and one write (read back) that confirms the last range and begins the next."""
+    transitions are one read to plan, and one write (read back) that confirms the last range and begins the next.
+    With `--key-shards 2` the rows are routed by key over two shards (the module asserts every row stored on one):
+    a range's sub-blocks share its transitions."""
     res = subprocess.run([sys.executable, "-m", "bench.writer", "--events", "16000", "--batches", "3", "--engine",
-                          "KeeperMap", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+                          "KeeperMap", "--key-shards", "2", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     [out] = list(tmp_path.glob("*-writer.json"))
     data = json.loads(out.read_text())
-    assert (data["engine"], data["after"]) == ("KeeperMap", "waiting"), data
+    assert (data["engine"], data["after"], data["key_shards"]) == ("KeeperMap", "waiting", 2), data
     assert data["state_store"]["round_trips"] == 3 and data["state_store"]["write_ms"] > 0, data["state_store"]
 
 

@@ -250,3 +250,33 @@ def test_shard_unreachable_when_its_inserter_is_first_built_stalls_only_its_part
     assert [o for _, o in offsets_by_shard(client, dbs[:1])[dbs[0]]] == [m.offset for m in stream(0, 20)]
     row = store.get(PartitionKey(SINK, "src", 1))
     assert row is None or row.state.phase is Phase.BEFORE
+
+
+def test_a_line_clickhouse_refuses_leaves_its_window_s_other_rows_on_the_shards_their_keys_pick(shards, kafka, topic):
+    """Rows routed by `key` on the fast path, a window holding a line the Guard lets through and ClickHouse refuses
+    (`1.5` in a UInt64): the window's insert is refused, the line dead-lettered with the decoder's reason, and the
+    rest of the window sent again, each row still on the shard its own key picks (the keys of the lines left, not
+    of the window's first lines)."""
+    from sparkapp.edges.dlq import HEADER_OFFSET, KafkaDeadLetterSink
+    from tests.helpers import read_dlq
+
+    client, db, dbs = shards
+    dbs = dbs[:3]
+    store = StateStore(client, "state", Engine.KEEPER_MAP, keeper_path=f"/refused_{db}")
+    store.ensure_schema()
+    layout = Layout(0, (1, 2, 1), Policy.KEY, HashName.XXHASH64, "String", key="k")
+    dlq_topic = topic(1)
+    ctx = context(client, store, shard_set(client, {0: dbs}, {0: layout}, 0))
+    ctx.dlq = KafkaDeadLetterSink(dlq_topic, {"bootstrap.servers": kafka.bootstrap})
+    log = [msg({"id": i, "k": f"user-{(i * 7919) % 113}"}, offset=i, topic="src") for i in range(12)]
+    refused = 2  # early in its window of 7: a key taken by position would shift every later row's shard
+    log[refused] = msg(b'{"id": 1.5, "k": "user-x"}', offset=refused, topic="src")
+    r = write_lines(ctx, PartitionKey(SINK, "src", 0), line_batch(log, ctx.inserter.schema.names))
+    assert (r.inserted_rows, r.dead_lettered) == (11, 1)
+    got = offsets_by_shard(client, dbs)
+    assert sorted(o for _, o in (row for rows in got.values() for row in rows)) == [o for o in range(12) if o != refused]
+    for i, d in enumerate(dbs):
+        wrong = f"multiIf(xxHash64(k) % 4 < 1, 0, xxHash64(k) % 4 < 3, 1, 2) != {i}"
+        assert client.query(f"SELECT count() FROM `{d}`.ev WHERE {wrong}").result_rows[0][0] == 0, d
+    (dead,) = read_dlq(kafka.bootstrap, dlq_topic, 1)
+    assert int(dict(dead.headers())[HEADER_OFFSET]) == refused

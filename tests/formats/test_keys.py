@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,8 +65,8 @@ def test_keys_are_the_decoders_or_none(key_type, raws):
             assert keys is None, f"a key read for {m.value!r}, which the decoder dead-letters"
             return
     if keys is not None:
-        assert keys == expected
-        assert all(type(a) is type(b) for a, b in zip(keys, expected, strict=True))
+        assert keys.tolist() == expected
+        assert all(type(a) is type(b) for a, b in zip(keys.tolist(), expected, strict=True))
 
 
 def test_plain_keys_are_read_in_one_arrow_pass_and_odd_ones_alike():
@@ -73,11 +74,28 @@ def test_plain_keys_are_read_in_one_arrow_pass_and_odd_ones_alike():
     raws = [b'{"id":1,"k":"a"}', b'{"id":2,"k":"\\u00fc\\""}', b'{"id":3}', b'{ "k" : "b" , "id":4}']
     schema = build_schema("db", "t", [("id", "UInt64", "", None), ("k", "String", "", None)])
     lines = build_lines(messages_table([msg(r, offset=i) for i, r in enumerate(raws)]), schema.names, 8 << 20)
-    assert line_keys(lines, schema.columns[1]) == ["a", 'ü"', "", "b"]
+    assert line_keys(lines, schema.columns[1]).tolist() == ["a", 'ü"', "", "b"]
     broken = build_lines(messages_table([msg(b'{"id":1,"k":"\xed\xa0\x80"}')]), schema.names, 8 << 20)
-    assert line_keys(broken, schema.columns[1]) == ["\ud800"]  # not UTF-8, read as Python's json reads it
+    assert line_keys(broken, schema.columns[1]).tolist() == ["\ud800"]  # not UTF-8, read as Python's json reads it
     text = build_schema("db", "t", [("id", "UInt64", "", None), ("k", "Int64", "", None)])
     assert line_keys(lines, text.columns[1]) is None  # text in an Int64 key: the decoder dead-letters it
+
+
+@pytest.mark.parametrize("key_type", ["UInt64", "Int64", "Int32", "LowCardinality(String)"])
+def test_keys_stay_one_array_of_the_columns_own_type(key_type):
+    """A window's keys are one numpy array, of the column's integers for an integer key, whether Arrow's reader
+    read them all or some took the decoder's functions: no Python object per key on the way to their shards."""
+    import numpy as np
+
+    schema = build_schema("db", "t", [("id", "UInt64", "", None), ("k", key_type, "", None)])
+    number = key_type != "LowCardinality(String)"
+    plain = [json.dumps({"id": i, "k": i if number else f"u{i}"}).encode() for i in range(5)]
+    for raws in (plain, [*plain, b'{"id":9,"k":' + (b'7' if number else b'"\\u0041"') + b',"s":"\\n"}']):
+        lines = build_lines(messages_table([msg(r, offset=i) for i, r in enumerate(raws)]), schema.names, 8 << 20)
+        keys = line_keys(lines, schema.columns[1])
+        assert isinstance(keys, np.ndarray)
+        assert keys.dtype == (np.dtype(key_type.lower()) if number else np.dtype(object))
+        assert keys.tolist()[:5] == [i if number else f"u{i}" for i in range(5)]
 
 
 @settings(max_examples=200, deadline=None)
