@@ -122,6 +122,7 @@ def compile_proto(text: str, tmp: Any, name: str = "test.proto", include_imports
 
     from grpc_tools import protoc
 
+    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
     (tmp / name).write_text(text)
     out = tmp / f"{name}.pb"
     include = str(files("grpc_tools") / "_proto")
@@ -176,7 +177,7 @@ def registry_protobuf_writer(url: str, subject: str, message: str, form: str, so
     from sparkapp.formats.protobuf import load_descriptor_set, message_class
 
     *deps, (root_name, root_source) = sources.items()
-    for name, text in sources.items():
+    for name, text in deps:  # the files it imports; compile_proto writes its own
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     cls = message_class(load_descriptor_set(compile_proto(root_source, tmp_path, root_name)), message)

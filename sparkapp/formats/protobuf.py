@@ -267,12 +267,13 @@ class ProtobufReader:
     def _fetch_file(self, path: str, name: str, files: list[Any], seen: set[str]) -> Any:
         """Fetches a schema and, first, every schema it references (appended to files in order)."""
         url = f"{self.registry_url}{path}"
-        doc = _schema_doc(url, f"protobuf: schema {name}")
+        doc, proto = _schema_doc(url, f"protobuf: schema {name}")
         seen.add(name)
         for ref in doc.get("references") or []:
             if ref["name"] not in seen:
                 self._fetch_file(reference_url("", ref), ref["name"], files, seen)
-        proto = _serialized(doc["schema"])
+        if proto is None:  # as registered: serialized by the producer's client, or source
+            proto = _serialized(doc["schema"])
         if proto is None:
             proto = _compiled(doc["schema"], name, files, url)
         proto.name = proto.name or name
@@ -281,17 +282,19 @@ class ProtobufReader:
         return proto
 
 
-def _schema_doc(url: str, what: str) -> dict[str, Any]:
-    """The registry's answer for a schema: its serialized form when the registry gives one, else the schema as
-    it was registered. A registry that answers nothing is an outage, whichever form was asked for."""
+def _schema_doc(url: str, what: str) -> tuple[dict[str, Any], Any]:
+    """The registry's answer for a schema and the FileDescriptorProto its serialized form holds, when the registry
+    gives one; else the schema as it was registered, and None. A registry that answers nothing is an outage,
+    whichever form was asked for."""
     try:
         doc = fetch(f"{url}?format=serialized", what)
-        if _serialized(doc["schema"]) is not None:
-            return doc
+        proto = _serialized(doc["schema"])
+        if proto is not None:
+            return doc, proto
     except RegistryUnavailableError as e:
         if e.status is None:
             raise
-    return fetch(url, what)
+    return fetch(url, what), None
 
 
 def _serialized(schema: str) -> Any:

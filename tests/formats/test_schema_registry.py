@@ -174,3 +174,32 @@ def test_avro_types_another_subject_defines_are_fetched_as_references(ch_db, sch
     spec = DecoderSpec(Format.AVRO, schema_registry_url=url)
     assert load_rows(client, db, "refs", [msg(value, offset=1)], spec) == []
     assert client.query("SELECT id, total FROM refs").result_rows == [(3, {"currency": "USD", "units": 250})]
+
+
+def test_an_avro_key_whose_schema_references_another_subject_fills_its_columns(ch_db, schema_registry):
+    """`keyFormat: avro` with a registry: the key's schema names an enum another subject's schema defines; the key
+    is read with both, and its fields fill their columns beside the JSON value's."""
+    import io
+
+    import fastavro
+
+    from sparkapp.formats.record_key import KeyFormat
+
+    client, db = ch_db
+    client.command("CREATE TABLE keyed (region String, user Int64, amount Int64, _offset UInt64) "
+                   "ENGINE = MergeTree ORDER BY _offset")
+    region = {"type": "enum", "name": "Region", "namespace": "acme", "symbols": ["EU", "US"]}
+    key = {"type": "record", "name": "Key", "namespace": "acme",
+           "fields": [{"name": "region", "type": "acme.Region"}, {"name": "user", "type": "long"}]}
+    url = schema_registry.url
+    register_schema(url, "acme-region", json.dumps(region), schema_type="AVRO")
+    key_id = register_schema(url, "keyed-key", json.dumps(key), [
+        {"name": "acme.Region", "subject": "acme-region", "version": 1}], schema_type="AVRO")
+    named: dict[str, object] = {}
+    fastavro.parse_schema(region, named_schemas=named)
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(key, named_schemas=named), {"region": "US", "user": 42})
+    framed_key = b"\0" + struct.pack(">I", key_id) + buf.getvalue()
+    spec = DecoderSpec(Format.JSON, key_format=KeyFormat.AVRO, schema_registry_url=url)
+    assert load_rows(client, db, "keyed", [msg({"amount": 7}, offset=1, key=framed_key)], spec) == []
+    assert client.query("SELECT region, user, amount FROM keyed").result_rows == [("US", 42, 7)]
