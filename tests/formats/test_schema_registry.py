@@ -38,6 +38,30 @@ def reader(fmt: str, url: str):
     return AvroReader(None, url) if fmt == "avro" else ProtobufReader(None, None, url)
 
 
+CURRENCY = {"type": "enum", "name": "Currency", "namespace": "acme", "symbols": ["EUR", "USD"]}
+
+
+def register_avro(url: str, subject: str, schema: dict, *refs: tuple[str, str]) -> int:
+    """Registers an Avro schema naming the types of `refs` ((type name, subject), version 1 of each); its id."""
+    return register_schema(url, subject, json.dumps(schema), [{"name": n, "subject": s, "version": 1}
+                                                              for n, s in refs], schema_type="AVRO")
+
+
+def avro_framed(schema_id: int, schema: dict, record: dict, *referenced: dict) -> bytes:
+    """A record in Confluent's wire format, written with `schema`, which names the types of `referenced` (each
+    after those it names)."""
+    import io
+
+    import fastavro
+
+    named: dict[str, object] = {}
+    for r in referenced:
+        fastavro.parse_schema(r, named_schemas=named)
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema, named_schemas=named), record)
+    return b"\0" + struct.pack(">I", schema_id) + buf.getvalue()
+
+
 @pytest.fixture
 def empty_http_server(tmp_path):
     handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
@@ -146,31 +170,18 @@ def test_a_proto_source_that_does_not_compile_dead_letters_its_records_with_the_
 def test_avro_types_another_subject_defines_are_fetched_as_references(ch_db, schema_registry):
     """A schema that names a record type of another subject's schema (a reference, which names another in turn)
     is read with both."""
-    import io
-
-    import fastavro
-
     client, db = ch_db
     client.command("CREATE TABLE refs (id Int64, total Tuple(currency String, units Int64), _offset UInt64) "
                    "ENGINE = MergeTree ORDER BY _offset")
-    currency = {"type": "enum", "name": "Currency", "namespace": "acme", "symbols": ["EUR", "USD"]}
     money = {"type": "record", "name": "Money", "namespace": "acme",
              "fields": [{"name": "currency", "type": "acme.Currency"}, {"name": "units", "type": "long"}]}
     order = {"type": "record", "name": "Order", "namespace": "acme",
              "fields": [{"name": "id", "type": "long"}, {"name": "total", "type": "acme.Money"}]}
     url = schema_registry.url
-    register_schema(url, "acme-currency", json.dumps(currency), schema_type="AVRO")
-    register_schema(url, "acme-money", json.dumps(money), [{"name": "acme.Currency", "subject": "acme-currency",
-                                                            "version": 1}], schema_type="AVRO")
-    schema_id = register_schema(url, "acme-order-value", json.dumps(order), [
-        {"name": "acme.Money", "subject": "acme-money", "version": 1}], schema_type="AVRO")
-    named: dict[str, object] = {}
-    for s in (currency, money):
-        fastavro.parse_schema(s, named_schemas=named)
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, fastavro.parse_schema(order, named_schemas=named),
-                               {"id": 3, "total": {"currency": "USD", "units": 250}})
-    value = b"\0" + struct.pack(">I", schema_id) + buf.getvalue()
+    register_avro(url, "acme-currency", CURRENCY)
+    register_avro(url, "acme-money", money, ("acme.Currency", "acme-currency"))
+    schema_id = register_avro(url, "acme-order-value", order, ("acme.Money", "acme-money"))
+    value = avro_framed(schema_id, order, {"id": 3, "total": {"currency": "USD", "units": 250}}, CURRENCY, money)
     spec = DecoderSpec(Format.AVRO, schema_registry_url=url)
     assert load_rows(client, db, "refs", [msg(value, offset=1)], spec) == []
     assert client.query("SELECT id, total FROM refs").result_rows == [(3, {"currency": "USD", "units": 250})]
@@ -179,27 +190,17 @@ def test_avro_types_another_subject_defines_are_fetched_as_references(ch_db, sch
 def test_an_avro_key_whose_schema_references_another_subject_fills_its_columns(ch_db, schema_registry):
     """`keyFormat: avro` with a registry: the key's schema names an enum another subject's schema defines; the key
     is read with both, and its fields fill their columns beside the JSON value's."""
-    import io
-
-    import fastavro
-
     from sparkapp.formats.record_key import KeyFormat
 
     client, db = ch_db
-    client.command("CREATE TABLE keyed (region String, user Int64, amount Int64, _offset UInt64) "
+    client.command("CREATE TABLE keyed (currency String, user Int64, amount Int64, _offset UInt64) "
                    "ENGINE = MergeTree ORDER BY _offset")
-    region = {"type": "enum", "name": "Region", "namespace": "acme", "symbols": ["EU", "US"]}
     key = {"type": "record", "name": "Key", "namespace": "acme",
-           "fields": [{"name": "region", "type": "acme.Region"}, {"name": "user", "type": "long"}]}
+           "fields": [{"name": "currency", "type": "acme.Currency"}, {"name": "user", "type": "long"}]}
     url = schema_registry.url
-    register_schema(url, "acme-region", json.dumps(region), schema_type="AVRO")
-    key_id = register_schema(url, "keyed-key", json.dumps(key), [
-        {"name": "acme.Region", "subject": "acme-region", "version": 1}], schema_type="AVRO")
-    named: dict[str, object] = {}
-    fastavro.parse_schema(region, named_schemas=named)
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, fastavro.parse_schema(key, named_schemas=named), {"region": "US", "user": 42})
-    framed_key = b"\0" + struct.pack(">I", key_id) + buf.getvalue()
+    register_avro(url, "key-currency", CURRENCY)
+    key_id = register_avro(url, "keyed-key", key, ("acme.Currency", "key-currency"))
+    framed_key = avro_framed(key_id, key, {"currency": "USD", "user": 42}, CURRENCY)
     spec = DecoderSpec(Format.JSON, key_format=KeyFormat.AVRO, schema_registry_url=url)
     assert load_rows(client, db, "keyed", [msg({"amount": 7}, offset=1, key=framed_key)], spec) == []
-    assert client.query("SELECT region, user, amount FROM keyed").result_rows == [("US", 42, 7)]
+    assert client.query("SELECT currency, user, amount FROM keyed").result_rows == [("USD", 42, 7)]
