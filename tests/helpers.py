@@ -114,6 +114,12 @@ def line_batch(messages: list[Message], columns: tuple[str, ...]):
                      lambda at: [by_offset[o] for o in sorted(set(at)) if o in by_offset])
 
 
+def write_file(path: Any, text: str) -> None:
+    """`text` into `path`, its folders made first (an imported .proto's name may hold a folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
 def compile_proto(text: str, tmp: Any, name: str = "test.proto", include_imports: bool = True) -> str:
     """A .proto file compiled by protoc (grpcio-tools) as a user would: the FileDescriptorSet with its imports,
     as base64 (what `format.protobufDescriptorSet` takes)."""
@@ -122,8 +128,7 @@ def compile_proto(text: str, tmp: Any, name: str = "test.proto", include_imports
 
     from grpc_tools import protoc
 
-    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-    (tmp / name).write_text(text)
+    write_file(tmp / name, text)
     out = tmp / f"{name}.pb"
     include = str(files("grpc_tools") / "_proto")
     rc = protoc.main(["protoc", f"-I{tmp}", f"-I{include}", *(["--include_imports"] if include_imports else []),
@@ -178,8 +183,7 @@ def registry_protobuf_writer(url: str, subject: str, message: str, form: str, so
 
     *deps, (root_name, root_source) = sources.items()
     for name, text in deps:  # the files it imports; compile_proto writes its own
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+        write_file(tmp_path / name, text)
     cls = message_class(load_descriptor_set(compile_proto(root_source, tmp_path, root_name)), message)
     if form == "python-client":
         from confluent_kafka.schema_registry.protobuf import ProtobufSerializer

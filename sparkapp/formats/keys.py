@@ -32,11 +32,12 @@ def line_keys(lines: Any, col: Column) -> Any | None:
 
     if len(lines) == 0:
         return _key_array([], col)
-    plain = _plain(lines, col)
-    picked = np.flatnonzero(plain) if plain is not None else np.empty(0, dtype=np.int64)
+    arrow_type = _arrow_type(col)
+    picked = np.flatnonzero(_plain(lines)) if arrow_type else np.empty(0, dtype=np.int64)
     read = None
-    if len(picked):
-        read = _arrow_read(lines if len(picked) == len(lines) else lines.take(pa.array(picked, pa.int64())), col)
+    if arrow_type and len(picked):
+        read = _arrow_read(lines if len(picked) == len(lines) else lines.take(pa.array(picked, pa.int64())),
+                           col.name, arrow_type)
         if read is not None and len(picked) == len(lines) and not isinstance(read, list):  # the common case
             return read
     keys: list[Any] = [None] * len(lines)
@@ -80,15 +81,19 @@ def decoder_key(line: bytes, col: Column) -> Any:
     return col.conv(v) if found else col.default
 
 
-def _plain(lines: Any, col: Column) -> Any:
-    """Which lines Arrow's reader may read (a numpy bool mask), or None when it reads none of them."""
+def _arrow_type(col: Column) -> str | None:
+    """The Arrow type its reader reads the key column as, or None when the decoder reads every key."""
+    if "." in col.name:  # a dotted name may be a Nested field: the decoder decides
+        return None
+    return _ARROW.get(_base(col).name)
+
+
+def _plain(lines: Any) -> Any:
+    """Which lines Arrow's reader may read (a numpy bool mask)."""
     import numpy as np
 
     from ..core.blocks import line_bounds, payload
 
-    base = _base(col)
-    if base.name not in _ARROW or "." in col.name:  # a dotted name may be a Nested field: the decoder decides
-        return None
     # the lines holding a backslash (an escape), found in their bytes at once: Arrow's substring search, line by
     # line, cost ten times more
     plain = np.ones(len(lines), dtype=np.bool_)
@@ -98,7 +103,7 @@ def _plain(lines: Any, col: Column) -> Any:
     return plain
 
 
-def _arrow_read(lines: Any, col: Column) -> Any | None:
+def _arrow_read(lines: Any, name: str, arrow_type: str) -> Any | None:
     """One pass of Arrow's JSON reader over the lines, typed by the column: each line's key, as a numpy array
     when every line has one, else a list with None where a line has none (missing or null); None when Arrow
     refuses any line."""
@@ -107,7 +112,7 @@ def _arrow_read(lines: Any, col: Column) -> Any | None:
 
     from ..core.blocks import payload
 
-    schema = pa.schema([(col.name, getattr(pa, _ARROW[_base(col).name])())])
+    schema = pa.schema([(name, getattr(pa, arrow_type)())])
     opts = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     data = payload(lines)  # the lines' own bytes, not copied
     try:
