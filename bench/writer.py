@@ -194,7 +194,7 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None, chdb_config: str 
     client = clickhouse_client(cfg.clickhouse)
     for db in dict.fromkeys(["bench", *dbs]):
         client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
-        for table in ("events", "dirty", *(["stages"] if db == "bench" else [])):  # the stages write to bench's
+        for table in ("events", "dirty", *(["stages"] if db == "bench" else [])):  # only bench.stages is timed
             client.command(TABLE.format(db=db, table=table))
     client.command("CREATE TABLE bench.parse AS bench.events ENGINE = Null")
     store = state_store(cfg, client)
