@@ -278,11 +278,19 @@ def run_peers(work: Path, kafka: Kafka, topic: str, n: int, zookeeper: ZooKeeper
     return out
 
 
+def embedded_runs(flip: bool) -> list[tuple[str, bool, bool]]:
+    """(key, exactly-once, on dirty data) of (c) and (d), clean and dirty, in their order in a round: a chain in
+    which each target ratio's two runs are neighbours (c/d, and (c) dirty against (c)), reversed when `flip`, so
+    that neither side of either always runs first."""
+    chain = [("d", False, False), ("c", True, False), ("c_dirty", True, True), ("d_dirty", False, True)]
+    return chain[::-1] if flip else chain
+
+
 def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Namespace, sweep: list[int],
               profile: Path | None, flip: bool) -> Iterator[tuple[str, dict[str, Any]]]:
-    """One round of the measurements: (a), (c) and (d), both on dirty data, (k), (e) and (f) each on a ClickHouse
-    server of its own, then the sweep; each as (key, result) when done. `flip` runs the at-least-once
-    run of each pair first, so that no side of a ratio always follows the same run."""
+    """One round of the measurements: (a), (c) and (d), both on dirty data (embedded_runs), (k), (e) and (f) each on
+    a ClickHouse server of its own, then the sweep; each as (key, result) when done. `flip` reverses the order of
+    each pair and of embedded_runs, so that no side of a ratio always follows the same run."""
     def pair(exactly_once: str, at_least_once: str) -> list[tuple[str, bool]]:
         both = [(exactly_once, True), (at_least_once, False)]
         return both[::-1] if flip else both
@@ -292,12 +300,9 @@ def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Name
     yield "a", measure("source", kafka.bootstrap, topic, jars, str(warm))
     yield "a_stream", measure("stream-source", kafka.bootstrap, topic, jars, str(a.events), str(a.batch), str(warm),
                               kafka=kafka)
-    for key, eo in pair("c", "d"):
-        yield key, run_job(work / key, kafka, topic, a.events, a.batch, eo, a.block, profile if eo else None,
-                           warm_s=warm)
-    for key, eo in pair("c", "d"):
-        yield f"{key}_dirty", run_job(work / f"{key}_dirty", kafka, "bench-dirty", a.events, a.batch, eo, a.block,
-                                      dlq="bench-dlq", warm_s=warm)
+    for key, eo, dirty in embedded_runs(flip):
+        yield key, run_job(work / key, kafka, "bench-dirty" if dirty else topic, a.events, a.batch, eo, a.block,
+                           profile if key == "c" else None, dlq="bench-dlq" if dirty else None, warm_s=warm)
     yield "k", run_job(work / "k", kafka, topic, a.events, a.batch, True, a.block, key_shards=2, warm_s=warm)
     if not a.no_http:
         for key, eo in pair("e", "f"):
