@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -278,12 +278,19 @@ def run_peers(work: Path, kafka: Kafka, topic: str, n: int, zookeeper: ZooKeeper
     return out
 
 
+T = TypeVar("T")
+
+
+def in_turn(runs: list[T], flip: bool) -> list[T]:
+    """A round's runs in their order, reversed every other round (`flip`): neither side of a ratio always runs
+    first."""
+    return runs[::-1] if flip else runs
+
+
 def embedded_runs(flip: bool) -> list[tuple[str, bool, bool]]:
     """(key, exactly-once, on dirty data) of (c) and (d), clean and dirty, in their order in a round: a chain in
-    which each target ratio's two runs are neighbours (c/d, and (c) dirty against (c)), reversed when `flip`, so
-    that neither side of either always runs first."""
-    chain = [("d", False, False), ("c", True, False), ("c_dirty", True, True), ("d_dirty", False, True)]
-    return chain[::-1] if flip else chain
+    which each target ratio's two runs are neighbours (c/d, and (c) dirty against (c)), in turn."""
+    return in_turn([("d", False, False), ("c", True, False), ("c_dirty", True, True), ("d_dirty", False, True)], flip)
 
 
 def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Namespace, sweep: list[int],
@@ -292,8 +299,7 @@ def one_round(work: Path, kafka: Kafka, topic: str, small: str, a: argparse.Name
     a ClickHouse server of its own, then the sweep; each as (key, result) when done. `flip` reverses the order of
     each pair and of embedded_runs, so that no side of a ratio always follows the same run."""
     def pair(exactly_once: str, at_least_once: str) -> list[tuple[str, bool]]:
-        both = [(exactly_once, True), (at_least_once, False)]
-        return both[::-1] if flip else both
+        return in_turn([(exactly_once, True), (at_least_once, False)], flip)
 
     jars = ",".join(connector_jars())
     warm = a.warm_up
