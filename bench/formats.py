@@ -37,7 +37,7 @@ def candidates(client: Any, database: str, values: list[bytes]) -> dict[str, tup
     import pyarrow.json as pj
 
     from sparkapp.config import FormatConfig
-    from sparkapp.core.blocks import LineBlock, build_blocks, dedup_token, payload
+    from sparkapp.core.blocks import LineBlock, build_blocks, dedup_token
     from sparkapp.core.records import Message
     from sparkapp.core.state_machine import OffsetRange
     from sparkapp.edges.clickhouse import load_schema
@@ -64,7 +64,7 @@ def candidates(client: Any, database: str, values: list[bytes]) -> dict[str, tup
         ls = build_lines(source, schema.names, 1 << 20)
         suspect, refused = check.hits(ls)
         assert not suspect and not refused, "the benchmark's events are all clean"
-        return LineBlock(rng, token(run), payload(ls), offsets, ls)
+        return LineBlock(rng, token(run), offsets, ls)
 
     def native(run: int) -> Any:
         rows = [(i, decode(Message("bench", 0, i, v))) for i, v in enumerate(values)]
@@ -89,7 +89,7 @@ def candidates(client: Any, database: str, values: list[bytes]) -> dict[str, tup
         return token(run), sink.getvalue().to_pybytes()
 
     def send_arrow(built: tuple[str, bytes]) -> None:
-        settings = inserter._settings(LineBlock(rng, built[0], b"", offsets))
+        settings = inserter._settings(LineBlock(rng, built[0], offsets, None))
         for key in inserter.line_settings:  # JSON parsing's settings mean nothing to ArrowStream
             settings.pop(key, None)
         client.raw_insert(schema.fqn, None, built[1], settings=settings, fmt="ArrowStream")

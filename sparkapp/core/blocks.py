@@ -67,9 +67,8 @@ class LineBlock:
 
     window: OffsetRange
     token: str
-    payload: bytes | memoryview  # a view of the Arrow lines: not copied
     offsets: tuple[int, ...]
-    lines: Any = None  # the Arrow slice the payload came from (to cut a partial retry)
+    lines: Any  # an Arrow string array, or a ChunkedArray of pieces of one (a window without its bad lines)
     shard: int = 0
     # each row's routing key, as the decoder reads it (policy key): a numpy array, or any sequence; derived from
     # the lines, so not compared
@@ -78,6 +77,11 @@ class LineBlock:
     @property
     def rows(self) -> int:
         return len(self.offsets)
+
+    @property
+    def payload(self) -> tuple[memoryview, ...]:
+        """The insert's body: views of the lines' own bytes, never copied, one per piece."""
+        return pieces(self.lines)
 
 
 def build_blocks(
@@ -136,8 +140,7 @@ def split_block(block: Block | LineBlock, shards: Sequence[int],
         if isinstance(block, LineBlock):
             lines = block.lines.take(picked)
             keys = None if block.keys is None else pick(block.keys, picked)
-            out.append((s, replace(block, token=token_of(s), payload=payload(lines), offsets=offsets, lines=lines,
-                                   shard=s, keys=keys)))
+            out.append((s, replace(block, token=token_of(s), offsets=offsets, lines=lines, shard=s, keys=keys)))
         else:
             idx: list[int] = picked.tolist()
             data = tuple([col[i] for i in idx] for col in block.data)
@@ -150,6 +153,22 @@ def pick(values: Any, at: Any) -> Any:
     import numpy as np
 
     return values[at] if isinstance(values, np.ndarray) else tuple(values[i] for i in at.tolist())
+
+
+def pieces(lines: Any) -> tuple[memoryview, ...]:
+    """The bytes of Arrow string lines (no nulls) as views, without copying them: one for an array's slice, one per
+    non-empty piece of a ChunkedArray."""
+    import pyarrow as pa
+
+    chunks = lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]
+    return tuple(v for v in map(payload, chunks) if len(v))
+
+
+def whole(lines: Any) -> Any:
+    """The lines as one Arrow array, for what reads them as one buffer: pieces are joined (a copy)."""
+    import pyarrow as pa
+
+    return lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
 
 
 def payload(lines: Any) -> memoryview:

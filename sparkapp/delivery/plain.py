@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.blocks import LineBlock, build_blocks, payload
+from ..core.blocks import LineBlock, build_blocks
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import Case, OffsetRange
 from ..edges.insert import InsertError
@@ -62,7 +62,7 @@ def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch, sw: Si
                   result: PartitionResult) -> bool:
     """One sifted window: sent, the lines ClickHouse refuses all the same sifted out; False: decode it."""
     def send(offs: tuple[int, ...], ls: Any) -> None:
-        ctx.inserter.insert(LineBlock(sw.window, "", payload(ls), offs, ls))
+        ctx.inserter.insert(LineBlock(sw.window, "", offs, ls))
         result.inserted_rows += len(offs)
 
     def dead_letter(dead: list[DeadLetter]) -> None:

@@ -42,7 +42,7 @@ def sift_range(windows: Sequence[tuple[OffsetRange, tuple[int, ...], Any]], guar
     """The range's windows without their records that have no line (null: dead-lettered up front) and without
     the lines the decoder dead-letters among those the Guard flags (suspect or likely refused), and those dead
     letters: one decode of every flagged line of the range, before anything is sent. A window whose suspect
-    line the decoder keeps takes the decoder whole. A window loses all of them in one filter, one copy."""
+    line the decoder keeps takes the decoder whole. A window loses all of them at once, its lines not copied."""
     hits = [guard.hits(lines) for _, _, lines in windows]
     picked = [offsets[i] for (_, offsets, _), (suspect, refusing) in zip(windows, hits, strict=True)
               for i in (*suspect, *refusing)]
@@ -62,15 +62,23 @@ def sift_range(windows: Sequence[tuple[OffsetRange, tuple[int, ...], Any]], guar
 
 
 def without(offsets: tuple[int, ...], lines: Any, drop: Sequence[int]) -> tuple[tuple[int, ...], Any]:
-    """A window's offsets and lines without those at the indexes `drop`, in their order: one mask, one copy of
-    the lines (a set difference of index arrays would sort them, and converting the offsets to an array and
-    back costs more than the filter itself on a window of clean lines)."""
+    """A window's offsets and lines without those at the indexes `drop`, in their order. The lines kept are not
+    copied: a piece of the window's lines per run between dropped ones (a ChunkedArray of slices), sent one after
+    the other. A copy cost 0.3 µs per row of such a window, most of it in writing fresh memory. (One mask: a set
+    difference of index arrays would sort them, and converting the offsets to an array and back costs more than
+    the rest on a window of clean lines.)"""
     import numpy as np
     import pyarrow as pa
 
     keep = np.ones(len(offsets), dtype=np.bool_)
     keep[np.asarray(drop, dtype=np.int64)] = False
-    return tuple(itertools.compress(offsets, keep.tolist())), lines.filter(pa.array(keep))
+    # where runs of kept lines start and stop, in turn
+    edges = np.flatnonzero(np.diff(keep.astype(np.int8), prepend=np.int8(0), append=np.int8(0))).tolist()
+    kept: list[Any] = []
+    for a, b in zip(edges[::2], edges[1::2], strict=True):
+        piece = lines.slice(a, b - a)
+        kept.extend(piece.chunks if isinstance(piece, pa.ChunkedArray) else [piece])
+    return tuple(itertools.compress(offsets, keep.tolist())), pa.chunked_array(kept, lines.type)
 
 
 def send_window(offsets: tuple[int, ...], lines: Any, *, decode: Decoder,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, payload, pick, split_block
+from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, pick, split_block
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import MissingPolicy, OffsetRange, Phase, Plan, StoredState, plan_batch
 from ..edges.insert import InsertError, first_line
@@ -397,8 +397,7 @@ def _lines_window(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
     offsets, lines, keys = what
 
     def send(offs: tuple[int, ...], ls: Any) -> None:
-        block = LineBlock(w, _token(pk, w, place.shard), payload(ls), offs, ls, place.shard,
-                          _keys_of(keys, offsets, offs))
+        block = LineBlock(w, _token(pk, w, place.shard), offs, ls, place.shard, _keys_of(keys, offsets, offs))
         _send(ctx, pk, [block], retry, result, place)
 
     def dead_letter(dead: list[DeadLetter]) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..core.blocks import Block, LineBlock, payload
+from ..core.blocks import Block, LineBlock, payload, whole
 from ..core.state_machine import OffsetRange
 from ..formats.schema import AtInsert, TableSchema
 
@@ -69,6 +69,17 @@ def _sent_as(type_text: str, column: Sequence[Any]) -> str:
         return type_text
     members = sorted({v.type_name for v in column if v is not None})
     return f"Variant({', '.join(members or ['String'])})"
+
+
+class _Pieces:
+    """Views read one after the other as one body: clickhouse-connect writes a readable body to chdb's file piece
+    by piece and streams it over HTTP (an iterable of views it would not take for chdb)."""
+
+    def __init__(self, views: Sequence[memoryview]) -> None:
+        self._views = iter(views)
+
+    def read(self, size: int = -1) -> memoryview | bytes:
+        return next(self._views, b"")
 
 
 class InsertError(RuntimeError):
@@ -209,9 +220,15 @@ class Inserter:
         """One INSERT of the block as one ClickHouse block; returns its rows."""
         settings = self._settings(block)
         if isinstance(block, LineBlock):
-            # a memoryview goes out as the request body as is: the lines are never copied
-            self.client.raw_insert(self.schema.fqn, None, block.payload,  # type: ignore[arg-type]
-                                   settings=settings, fmt="JSONEachRow")
+            # views of the lines go out as the request body as they are: the lines are never copied
+            body = block.payload
+            if len(body) == 1:
+                self.client.raw_insert(self.schema.fqn, None, body[0],  # type: ignore[arg-type]
+                                       settings=settings, fmt="JSONEachRow")
+            else:  # sent piece by piece; over HTTP with the length known, so no piece is copied into a chunk
+                self.client.raw_insert(self.schema.fqn, None, _Pieces(body),  # type: ignore[arg-type]
+                                       settings=settings, fmt="JSONEachRow",
+                                       transport_settings={"Content-Length": str(sum(map(len, body)))})
         else:
             names, data = self._at_insert(list(block.columns), list(block.data))
             types = [self._types[self.schema.names.index(n)] for n in names]
@@ -293,8 +310,7 @@ class Inserter:
         token = f"{block.token}|rest:{rec.missing[0]}-{rec.missing[-1]}:{len(rec.missing)}"
         offsets = tuple(block.offsets[i] for i in keep)
         if isinstance(block, LineBlock):
-            lines = block.lines.take(keep)
-            return self._send(replace(block, token=token, payload=payload(lines), offsets=offsets, lines=lines))
+            return self._send(replace(block, token=token, offsets=offsets, lines=block.lines.take(keep)))
         return self._send(replace(block, token=token, data=tuple([col[i] for i in keep] for col in block.data),
                                   offsets=offsets))
 
@@ -306,6 +322,7 @@ class Inserter:
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        lines = whole(lines)
         n = len(lines)
         try:
             index = pc.cast(pa.array(np.arange(n)), pa.string())

@@ -23,15 +23,18 @@ _ARROW = {"String": "string", "Int64": "int64", "UInt64": "uint64"}
 
 
 def line_keys(lines: Any, col: Column) -> Any | None:
-    """The key of each line (an Arrow string array of JSON objects, one per line, each ending in a newline),
-    in order, as a numpy array (of the key's own integers when the column is an integer one); None when a
+    """The key of each line (an Arrow string array of JSON objects, or pieces of one, one per line, each ending in a
+    newline), in order, as a numpy array (of the key's own integers when the column is an integer one); None when a
     line's key is not one the decoder would read alike. Keys read whole by Arrow stay an array: a Python
     object per key cost more than the rest of routing a window."""
     import numpy as np
     import pyarrow as pa
 
+    from ..core.blocks import whole
+
     if len(lines) == 0:
         return _key_array([], col)
+    lines = whole(lines)  # Arrow's reader reads one buffer
     arrow_type = _arrow_type(col)
     picked = np.flatnonzero(_plain(lines)) if arrow_type else np.empty(0, dtype=np.int64)
     read = None

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkapp.core.blocks import Block, LineBlock, build_blocks, cut_windows, dedup_token, payload, split_block
+from sparkapp.core.blocks import Block, LineBlock, build_blocks, cut_windows, dedup_token, split_block
 from sparkapp.core.state_machine import OffsetRange as R
 
 
@@ -65,7 +65,7 @@ def blocks_with_shards(draw):
     block = Block(R(0, 99), "t", ("name", "n"), (names, list(offsets)), tuple(offsets))
     # a window's lines are a slice of its partition's: here after another line
     lines = pa.array(['{"name":"before"}\n', *(f'{{"name":"{n}"}}\n' for n in names)], pa.string()).slice(1)
-    line_block = LineBlock(R(0, 99), "t", payload(lines), tuple(offsets), lines, 0, tuple(names))
+    line_block = LineBlock(R(0, 99), "t", tuple(offsets), lines, 0, tuple(names))
     return block, line_block, shards
 
 
@@ -88,4 +88,4 @@ def test_split_block_groups_rows_by_shard_in_order(case):
                 assert sub.data == tuple([col[i] for i in idx] for col in block.data)
             else:
                 assert sub.keys == tuple(line_block.keys[i] for i in idx)
-                assert bytes(sub.payload) == b"".join(f'{{"name":"v{b.offsets[i]}"}}\n'.encode() for i in idx)
+                assert b"".join(sub.payload) == b"".join(f'{{"name":"v{b.offsets[i]}"}}\n'.encode() for i in idx)

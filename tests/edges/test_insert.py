@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
-from sparkapp.core.blocks import Block
+from sparkapp.core.blocks import Block, LineBlock
 from sparkapp.core.state_machine import OffsetRange
+from sparkapp.delivery.sift import without
 from sparkapp.edges.clickhouse import load_schema
 from sparkapp.edges.insert import PINNED, Inserter, is_transient
 
@@ -37,24 +41,30 @@ def test_retries_follow_the_error_code_not_the_words(ch_db):
     assert is_transient(ConnectionResetError("Connection reset by peer"))
 
 
+def _client(where: str, name: str, ch_db: Any, request: Any) -> tuple[Any, str]:
+    """A client and a database of its own: the embedded engine's, or one on the session's server (over HTTP)."""
+    import os
+
+    import clickhouse_connect
+
+    if where == "chdb":
+        return ch_db
+    client = clickhouse_connect.get_client(dsn=request.getfixturevalue("clickhouse_server").dsn)
+    db = f"{name}_{os.getpid()}"
+    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+    client.database = db
+    return client, db
+
+
 @pytest.mark.parametrize("where", ["chdb", "server"])
 def test_refused_names_exactly_the_lines_clickhouse_cannot_parse(where, ch_db, request):
     """One read with errors skipped tells the bad lines apart, on the embedded engine and over HTTP, whatever
     quotes, backslashes or newlines the good lines hold."""
     import json
-    import os
 
-    import clickhouse_connect
     import pyarrow as pa
 
-    if where == "chdb":
-        client, db = ch_db
-    else:
-        server = request.getfixturevalue("clickhouse_server")
-        client = clickhouse_connect.get_client(dsn=server.dsn)
-        db = f"refused_{os.getpid()}"
-        client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
-        client.database = db
+    client, db = _client(where, "refused", ch_db, request)
     client.command(f"CREATE TABLE IF NOT EXISTS {db}.r (id UInt64, note String, e Enum8('a''b' = 1, 'c' = 2), "
                    "_offset UInt64) ENGINE = MergeTree ORDER BY id")
     ins = Inserter(client, load_schema(client, db, "r"))
@@ -68,6 +78,44 @@ def test_refused_names_exactly_the_lines_clickhouse_cannot_parse(where, ch_db, r
     assert ins.refused(lines) == sorted(bad)
     assert ins.refused(pa.array([json.dumps(g) + "\n" for g in good], pa.string())) == []
     assert client.query(f"SELECT count() FROM {db}.r").result_rows == [(0,)], "nothing is written"
+
+
+@pytest.mark.parametrize("where", ["chdb", "server"])
+def test_a_window_in_pieces_is_one_insert_of_exactly_its_lines(where, ch_db, request):
+    """A window without its bad lines goes out as what is left of its buffer, piece after piece, in one insert under
+    one token (sent again, it is deduplicated), on the embedded engine and over HTTP. The refusal search and a
+    retry that sends only the rows that did not land read the pieces too."""
+    import json
+
+    import pyarrow as pa
+
+    client, db = _client(where, "pieces", ch_db, request)
+    notes = ["plain", "it's", "back\\slash", "ünï ✓", "line\nbreak"]
+    records = [{"id": i, "note": notes[i % len(notes)], "_topic": "t", "_partition": 0, "_offset": 100 + i}
+               for i in range(30)]
+    records[11]["id"] = "eleven"  # a line ClickHouse refuses
+    window = pa.array(["{}\n", *(json.dumps(r, ensure_ascii=False) + "\n" for r in records)], pa.string()).slice(1)
+    offsets, lines = without(tuple(range(100, 130)), window, [0, 4, 5, 17, 29])
+    assert len(LineBlock(OffsetRange(100, 129), "", offsets, lines).payload) > 1, "the lines are in pieces"
+    inserters = {}
+    for t in ("once", "recovered"):
+        client.command(f"DROP TABLE IF EXISTS {db}.{t}")
+        client.command(f"CREATE TABLE {db}.{t} (id UInt64, note String, _topic String, _partition UInt32, "
+                       "_offset UInt64) ENGINE = MergeTree ORDER BY _offset "
+                       "SETTINGS non_replicated_deduplication_window = 100")
+        inserters[t] = Inserter(client, load_schema(client, db, t))
+    assert [offsets[i] for i in inserters["once"].refused(lines)] == [111]
+    offsets, lines = without(offsets, lines, inserters["once"].refused(lines))
+    block = LineBlock(OffsetRange(100, 129), "pieces-token", offsets, lines)
+    for _ in range(2):
+        inserters["once"].insert(block)
+    # what a lost reply left landed, then the retry
+    inserters["recovered"].insert(replace(block, token="an earlier attempt's", offsets=offsets[::2],
+                                          lines=lines.take(list(range(0, len(lines), 2)))))
+    assert inserters["recovered"].retry(block, "t", 0) == len(offsets) // 2
+    expected = [(r["id"], r["note"], r["_offset"]) for r in records if r["_offset"] in offsets]
+    for t in ("once", "recovered"):
+        assert client.query(f"SELECT id, note, _offset FROM {db}.{t} ORDER BY _offset").result_rows == expected, t
 
 
 def test_a_request_the_client_gave_up_on_does_not_lock_out_the_next(clickhouse_server):

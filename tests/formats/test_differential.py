@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sparkapp.core.blocks import LineBlock, build_blocks, payload
+from sparkapp.core.blocks import LineBlock, build_blocks
 from sparkapp.core.records import Message
 from sparkapp.core.state_machine import OffsetRange
 from sparkapp.edges.clickhouse import load_schema
@@ -104,7 +104,7 @@ def test_what_clickhouse_accepts_the_decoder_accepts_and_stores_alike(tables, ty
         return  # the writer asks the decoder first, and the decoder's refusal dead-letters the record
     w = OffsetRange(fast_n, fast_n)
     try:
-        inserter.insert(LineBlock(w, f"f{fast_n}", payload(lines), (fast_n,), lines))
+        inserter.insert(LineBlock(w, f"f{fast_n}", (fast_n,), lines))
         accepted = True
     except InsertError:
         accepted = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkapp.core.blocks import LineBlock, build_blocks, payload
+from sparkapp.core.blocks import LineBlock, build_blocks
 from sparkapp.core.state_machine import OffsetRange
 from sparkapp.edges.clickhouse import load_schema
 from sparkapp.edges.insert import Inserter
@@ -46,7 +46,7 @@ def test_headers_and_timestamp_type_are_stored_alike_on_both_paths(ch_db):
     lines = build_lines(messages_table(msgs), load_schema(client, db, "lines").names, 8 << 20)
     assert lines.null_count == 0
     Inserter(client, load_schema(client, db, "lines")).insert(
-        LineBlock(rng, "lines", payload(lines), tuple(m.offset for m in msgs), lines))
+        LineBlock(rng, "lines", tuple(m.offset for m in msgs), lines))
     query = "SELECT id, _key, toString(_timestamp), _headers, _timestamp_type, trace FROM {t} ORDER BY id"
     decoded = client.query(query.format(t="decoded")).result_rows
     assert client.query(query.format(t="lines")).result_rows == decoded

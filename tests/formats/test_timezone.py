@@ -9,7 +9,7 @@ import json
 import clickhouse_connect
 import pytest
 
-from sparkapp.core.blocks import LineBlock, build_blocks, payload
+from sparkapp.core.blocks import LineBlock, build_blocks
 from sparkapp.core.records import Message
 from sparkapp.core.state_machine import OffsetRange
 from sparkapp.edges.clickhouse import load_schema
@@ -45,7 +45,7 @@ def test_naive_date_times_mean_the_sessions_zone_on_both_paths(ch_dsn, chdb_conf
     inserter = Inserter(client, schema, retries=0)
     fast = [Message("t", 0, 2 * i + 1, json.dumps({"n": 2 * i + 1, **r}).encode()) for i, r in enumerate(RECORDS)]
     lines = build_lines(messages_table(fast), schema.names, 1 << 20)
-    inserter.insert(LineBlock(OffsetRange(1, 3), "fast", payload(lines), (1, 3), lines))
+    inserter.insert(LineBlock(OffsetRange(1, 3), "fast", (1, 3), lines))
     slow = [Message("t", 0, 2 * i, json.dumps({"n": 2 * i, **r}).encode()) for i, r in enumerate(RECORDS)]
     rows, dead = decode_batch(make_decoder(DecoderSpec(), schema), slow)
     assert dead == []
