@@ -64,7 +64,7 @@ def sift_range(windows: Sequence[tuple[OffsetRange, tuple[int, ...], Any]], guar
 def without(offsets: tuple[int, ...], lines: Any, drop: Sequence[int]) -> tuple[tuple[int, ...], Any]:
     """A window's offsets and lines without those at the indexes `drop`, in their order. The lines kept are not
     copied: a piece of the window's lines per run between dropped ones (a ChunkedArray of slices), sent one after
-    the other. A copy cost 0.3 µs per row of such a window, most of it in writing fresh memory. (One mask: a set
+    the other. A copy cost 0.2-0.3 µs per row of such a window, most of it in writing fresh memory. (One mask: a set
     difference of index arrays would sort them, and converting the offsets to an array and back costs more than
     the rest on a window of clean lines.)"""
     import numpy as np

@@ -220,15 +220,13 @@ class Inserter:
         """One INSERT of the block as one ClickHouse block; returns its rows."""
         settings = self._settings(block)
         if isinstance(block, LineBlock):
-            # views of the lines go out as the request body as they are: the lines are never copied
+            # views of the lines go out as the request body as they are: the lines are never copied. Pieces are
+            # read one by one; over HTTP with their length given, or each would be copied into a chunk
             body = block.payload
-            if len(body) == 1:
-                self.client.raw_insert(self.schema.fqn, None, body[0],  # type: ignore[arg-type]
-                                       settings=settings, fmt="JSONEachRow")
-            else:  # sent piece by piece; over HTTP with the length known, so no piece is copied into a chunk
-                self.client.raw_insert(self.schema.fqn, None, _Pieces(body),  # type: ignore[arg-type]
-                                       settings=settings, fmt="JSONEachRow",
-                                       transport_settings={"Content-Length": str(sum(map(len, body)))})
+            one = len(body) == 1
+            self.client.raw_insert(self.schema.fqn, None, body[0] if one else _Pieces(body),  # type: ignore[arg-type]
+                                   settings=settings, fmt="JSONEachRow",
+                                   transport_settings=None if one else {"Content-Length": str(sum(map(len, body)))})
         else:
             names, data = self._at_insert(list(block.columns), list(block.data))
             types = [self._types[self.schema.names.index(n)] for n in names]
