@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, pick, split_block
+from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, pick, split_block, whole
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import MissingPolicy, OffsetRange, Phase, Plan, StoredState, plan_batch
 from ..edges.insert import InsertError, first_line
@@ -197,12 +197,14 @@ def _lines_range(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
     messages = functools.cache(lambda: ordered(batch.messages()))  # read at most once, when a window needs it
     key = _key_column(ctx, place)
     for sw in windows:
-        keys = None if sw.decoder or key is None else line_keys(sw.lines, key)
+        # lines routed by key are read whole and cut per shard: a window in pieces is joined once, for both
+        lines = sw.lines if key is None or sw.decoder else whole(sw.lines)
+        keys = None if sw.decoder or key is None else line_keys(lines, key)
         if sw.decoder or (key is not None and keys is None):  # a suspect record it keeps, or a key only it reads
             log.info("%s: window %s takes the decoder (a suspect record it keeps, or a key it reads)", pk, sw.window)
             _decode_window(ctx, pk, rng, sw.window, retry, messages(), sent, result, place)
         else:
-            _lines_window(ctx, pk, batch, (rng, sw.window, retry, place), (sw.offsets, sw.lines, keys), messages,
+            _lines_window(ctx, pk, batch, (rng, sw.window, retry, place), (sw.offsets, lines, keys), messages,
                           sent, result)
 
 
