@@ -197,9 +197,10 @@ def _lines_range(ctx: WriterContext, pk: PartitionKey, batch: LineBatch,
     messages = functools.cache(lambda: ordered(batch.messages()))  # read at most once, when a window needs it
     key = _key_column(ctx, place)
     for sw in windows:
-        # lines routed by key are read whole and cut per shard: a window in pieces is joined once, for both
-        lines = sw.lines if key is None or sw.decoder else whole(sw.lines)
-        keys = None if sw.decoder or key is None else line_keys(lines, key)
+        lines, keys = sw.lines, None
+        if key is not None and not sw.decoder:  # read whole, then cut per shard: a window in pieces joined once
+            lines = whole(sw.lines)
+            keys = line_keys(lines, key)
         if sw.decoder or (key is not None and keys is None):  # a suspect record it keeps, or a key only it reads
             log.info("%s: window %s takes the decoder (a suspect record it keeps, or a key it reads)", pk, sw.window)
             _decode_window(ctx, pk, rng, sw.window, retry, messages(), sent, result, place)
