@@ -53,19 +53,37 @@ class RssSampler(threading.Thread):
         self.peak_total = 0.0  # MB, the whole tree
         self.cpu: dict[int, tuple[str, float]] = {}  # last seen (part, user+system CPU seconds) per process
         self.samples: list[tuple[float, dict[str, float]]] = []  # (epoch seconds, CPU seconds so far per part)
+        # the same per thread group within each part (thread_group), read every THREAD_EVERY samples: a JVM or a
+        # ClickHouse server has a hundred threads or more. ClickHouse renames a pool's thread for each job it runs,
+        # so each reading's CPU since the last goes to the group of the name the thread has now
+        self.thread_seen: dict[tuple[int, int], float] = {}  # (pid, tid) -> its CPU seconds at the last reading
+        self.group_cpu: dict[str, float] = {}  # "part/group" -> CPU seconds so far
+        self.thread_samples: list[tuple[float, dict[str, float]]] = []
         self.done = threading.Event()
 
     def run(self) -> None:
+        tick = 0
         while not self.done.wait(0.25):
             now = {k: 0.0 for k in self.peak}
             total = 0.0
-            for pid, cmd, rss in _tree(self.pid):
+            tree = _tree(self.pid)
+            for pid, cmd, rss in tree:
                 total += rss
                 part = ("driver_python" if "-m sparkapp run" in cmd else "driver_jvm" if "java" in cmd
                         else "python_workers" if "pyspark" in cmd else "other")
                 self.cpu[pid] = (part, max(self.cpu.get(pid, ("", 0.0))[1], _cpu_seconds(pid)))
                 if part != "other":
                     now[f"{part}_mb"] += rss
+                if tick % THREAD_EVERY == 0:
+                    for tid, comm, cpu in _threads(pid):
+                        spent = cpu - self.thread_seen.get((pid, tid), 0.0)
+                        self.thread_seen[(pid, tid)] = max(cpu, self.thread_seen.get((pid, tid), 0.0))
+                        if spent > 0:
+                            group = f"{part}/{thread_group(comm)}"
+                            self.group_cpu[group] = self.group_cpu.get(group, 0.0) + spent
+            if tick % THREAD_EVERY == 0:
+                self.thread_samples.append((time.time(), dict(self.group_cpu)))
+            tick += 1
             for k, v in now.items():
                 self.peak[k] = max(self.peak[k], v)
             self.peak_total = max(self.peak_total, total)
@@ -83,13 +101,75 @@ class RssSampler(threading.Thread):
         out = {k: round((v - c0.get(k, 0.0)) / (t1 - t0), 2) for k, v in c1.items()}
         return {**out, "total": round(sum(out.values()), 2)}
 
+    def thread_cores(self, start: float, end: float, by_part: bool = True) -> dict[str, dict[str, float]]:
+        """Average CPU cores each thread group (thread_group) of each part used between two instants: what the
+        JVM's JIT compilers and collector took beside Spark's tasks, ClickHouse's merges beside its inserts.
+        `by_part=False`: the whole tree's groups, under `all`."""
+        inside = [(t, c) for t, c in self.thread_samples if start <= t <= end]
+        if len(inside) < 2:
+            return {}
+        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        out: dict[str, dict[str, float]] = {}
+        for key, v in sorted(c1.items()):
+            part, group = key.split("/")
+            into = out.setdefault(part if by_part else "all", {})
+            into[group] = into.get(group, 0.0) + (v - c0.get(key, 0.0)) / (t1 - t0)
+        return {part: {g: round(c, 3) for g, c in groups.items() if c > 0} for part, groups in out.items()}
+
+
+def per_row(cores: dict[str, Any], rate: float) -> dict[str, Any]:
+    """CPU cores used (cores_used, or thread_cores's nested groups) as µs of CPU per row at `rate` rows/s."""
+    return {k: per_row(v, rate) if isinstance(v, dict) else round(v / rate * 1e6, 2) for k, v in cores.items()}
+
+
+THREAD_EVERY = 4  # the sampler reads every thread once a second
+
+# Thread names as the kernel keeps them (15 bytes), by what the thread does. The JVM names its JIT compilers, its
+# collector's threads and Spark's task threads; ClickHouse (the server, and chdb inside the driver's Python) its
+# merges, its HTTP/TCP handlers and the pools that run queries, inserts among them.
+_THREAD_GROUPS = (
+    ("jit", ("C1 CompilerThre", "C2 CompilerThre")),
+    ("gc", ("GC Thread", "G1 ", "VM Thread")),
+    ("spark_tasks", ("Executor task l",)),
+    ("clickhouse_merges", ("MergeMutate",)),
+    ("clickhouse_handlers", ("HTTPHandler", "TCPHandler")),
+    ("clickhouse_queries", ("ThreadPool", "Query")),  # QueryPipelineEx, QueryPullPipeEx, QueryPushPipeEx
+    ("python", ("python", "pyspark")),
+)
+
+
+def thread_group(comm: str) -> str:
+    """The group of a thread by its name (_THREAD_GROUPS), `other` for the rest."""
+    return next((g for g, prefixes in _THREAD_GROUPS if comm.startswith(prefixes)), "other")
+
+
+def _threads(pid: int) -> list[tuple[int, str, float]]:
+    """(tid, name, user+system CPU seconds) of each thread of a process."""
+    out: list[tuple[int, str, float]] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            stat = (t / "stat").read_text()
+            out.append((int(t.name), stat[stat.index("(") + 1:stat.rindex(")")], _stat_cpu(stat)))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
 
 def _cpu_seconds(pid: int) -> float:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _stat_cpu(Path(f"/proc/{pid}/stat").read_text())
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def _stat_cpu(stat: str) -> float:
+    """User+system CPU seconds from a process's or thread's /proc stat line."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree(root: int) -> list[tuple[int, str, float]]:
@@ -229,6 +309,9 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
             "cpu_cores_used": {**sampler.cores_used(kept[0][0], kept[-1][1]),
                                **{k: s.cores_used(kept[0][0], kept[-1][1])["total"]
                                   for k, s in others.items() if s is not None}},
+            "cpu_cores_by_thread": {**sampler.thread_cores(kept[0][0], kept[-1][1]),
+                                    **{k: s.thread_cores(kept[0][0], kept[-1][1], by_part=False).get("all", {})
+                                       for k, s in others.items() if s is not None}},
             "path": "http, executors" if server else "embedded chdb, driver",
             **peers.served_by(server),
             "max_offsets_per_trigger": max_offsets}
@@ -343,6 +426,9 @@ def measure(kind: str, *args: str, kafka: Kafka | None = None) -> dict[str, Any]
     if samplers and "steady_from" in out:
         out["cpu_cores_used"] = {k: s.cores_used(out["steady_from"], out["steady_to"])["total"]
                                  for k, s in samplers.items() if s is not None}
+        window = out["steady_from"], out["steady_to"]
+        out["cpu_cores_by_thread"] = {k: s.thread_cores(*window, by_part=False).get("all", {})
+                                      for k, s in samplers.items() if s is not None}
     return out
 
 

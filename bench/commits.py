@@ -32,7 +32,7 @@ from hack.testbed import Kafka
 from hack.testbed.process import REPO
 
 from . import probe_options, publish
-from .__main__ import own_server, run_job
+from .__main__ import own_server, per_row, run_job
 from .data import probe_topics
 
 
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                         rate = r["rows_per_s"]
                         res = {"ref": ref, "rep": rep, "data": kind, **({"path": path} if a.with_d else {}),
                                "rows_per_s": round(rate),
-                               "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()}}
+                               "us_per_row": per_row(r["cpu_cores_used"], rate),
+                               "us_per_row_by_thread": per_row(r["cpu_cores_by_thread"], rate)}
                         print(json.dumps(res), file=sys.stderr, flush=True)
                         runs.append(res)
     base = a.refs[0]

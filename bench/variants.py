@@ -30,7 +30,7 @@ from typing import Any
 from hack.testbed import Kafka
 
 from . import probe_options, publish
-from .__main__ import run_job, with_driver_option
+from .__main__ import per_row, run_job, with_driver_option
 from .data import probe_topics
 
 VARIANT_KEYS = {"sparkConf", "sourceOptions"}  # a variant of the job's Kafka source options as well
@@ -60,7 +60,8 @@ def one(work: Path, kafka: Kafka, topic: str, n: int, a: argparse.Namespace, var
                 source_options=variant["sourceOptions"] or None, warm_s=a.warm_up)
     rate = r["rows_per_s"]
     return {"rows_per_s": round(rate), "batch_p50_s": r["batch_p50_s"], "peak_rss": r["peak_rss"],
-            "us_per_row": {k: round(v / rate * 1e6, 2) for k, v in r["cpu_cores_used"].items()},
+            "us_per_row": per_row(r["cpu_cores_used"], rate),
+            "us_per_row_by_thread": per_row(r["cpu_cores_by_thread"], rate),
             "gc": gc_summary(gc_log.read_text())}
 
 

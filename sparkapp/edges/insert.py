@@ -202,8 +202,11 @@ class Inserter:
         self._views: bool | None = None  # whether materialized views read the table (looked up when needed)
 
     def _settings(self, block: Block | LineBlock) -> dict[str, Any]:
+        # lines are parsed under the same settings on every path, the at-least-once baseline's too: ClickHouse's
+        # defaults would store values the decoder dead-letters (a number as a String's text), on threads of their own
+        lines = self.line_settings if isinstance(block, LineBlock) else {}
         if not block.token:  # the at-least-once baseline
-            return {**self.settings, "insert_deduplicate": 0, "async_insert": 0}
+            return {**self.settings, "insert_deduplicate": 0, "async_insert": 0, **lines}
         settings = {
             **self.settings, **PINNED,
             "insert_deduplication_token": block.token,
@@ -211,9 +214,8 @@ class Inserter:
             "max_insert_block_size": max(1_048_576, block.rows + 1),
             "min_insert_block_size_rows": 0,
             "min_insert_block_size_bytes": 0,
+            **lines,
         }
-        if isinstance(block, LineBlock):
-            settings.update(self.line_settings)
         return settings
 
     def _send(self, block: Block | LineBlock) -> int:

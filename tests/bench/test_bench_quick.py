@@ -30,6 +30,10 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     cpu = data["e"]["cpu_cores_used"]  # per component: Spark, Python workers, the server, Kafka
     assert cpu["clickhouse_server"] > 0 and cpu["python_workers"] > 0 and cpu["driver_jvm"] > 0 and "kafka" in cpu
     assert data["ratio_e_f"] > 0 and data["ratio_e_c"] > 0
+    # and per thread group within each (the JIT and the collector beside Spark's tasks, merges beside inserts); a
+    # short window may have too few of the sampler's once-a-second thread readings to show any
+    for k in ("a_stream", "c", "e"):
+        assert isinstance(data[k]["cpu_cores_by_thread"], dict)
     for peer in ("g", "h", "i"):  # measured, or the reason it could not be (hack/peers.sh builds them)
         got = data[peer]
         assert ("unavailable" in got) != ("rows_per_s" in got), got

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from bench.__main__ import _tree
+from bench.__main__ import RssSampler, _tree, thread_group
 
 # a parent whose command line names java (as a JVM's does) touches 300 MB, then forks a child that never execs
 _PARENT = """
@@ -58,3 +58,62 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)], check=False)
     proc.kill()
     proc.wait()
+
+
+# a process whose command line names java, with one thread busy under two names in turn (ClickHouse renames a
+# pool's threads for each job: ThreadPool, QueryPipelineEx, ...), then idle under a third
+_BUSY_THREAD = """
+import ctypes, threading, time
+
+def name(n):
+    ctypes.CDLL(None).prctl(15, n, 0, 0, 0)  # PR_SET_NAME: the kernel's name of this thread
+
+def spin(s):
+    end = time.monotonic() + s
+    while time.monotonic() < end:
+        pass
+
+def work():
+    name(b"C2 CompilerThre")
+    spin(1.6)
+    name(b"QueryPipelineEx")
+    spin(1.6)
+    name(b"idle")
+    time.sleep(60)
+
+threading.Thread(target=work, daemon=True).start()
+print("spinning", flush=True)
+time.sleep(60)
+"""
+
+
+def test_thread_groups_by_name():
+    assert thread_group("C1 CompilerThre") == thread_group("C2 CompilerThre") == "jit"
+    assert thread_group("GC Thread#1") == thread_group("VM Thread") == "gc"
+    assert thread_group("Executor task l") == "spark_tasks"
+    assert thread_group("MergeMutate") == "clickhouse_merges" and thread_group("HTTPHandler") == "clickhouse_handlers"
+    assert thread_group("ThreadPool") == thread_group("QueryPushPipeEx") == "clickhouse_queries"
+    assert thread_group("python3") == "python" and thread_group("kafka-producer-") == "other"
+
+
+def test_the_sampler_splits_a_process_s_cpu_by_the_names_its_threads_had():
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY_THREAD, "java"], stdout=subprocess.PIPE, text=True)
+    sampler = RssSampler(proc.pid)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "spinning"
+        start = time.time()
+        sampler.start()
+        time.sleep(4.5)
+        by_thread = sampler.thread_cores(start, time.time())
+        by_part = sampler.cores_used(start, time.time())
+    finally:
+        sampler.done.set()
+        _stop(proc)
+    jvm = by_thread["driver_jvm"]
+    # the busy thread's CPU under each name it had while it spent it, not all of it under its last name; what it
+    # spent since the reading before a rename (a second at most) goes under the new name
+    assert jvm["jit"] > 0.2 and jvm["clickhouse_queries"] > 0.2, by_thread
+    assert jvm.get("other", 0.0) < min(jvm["jit"], jvm["clickhouse_queries"]), by_thread
+    assert jvm.get("python", 0.0) < 0.1, by_thread  # the main thread only waited
+    assert sum(jvm.values()) <= by_part["driver_jvm"] + 0.1, (by_thread, by_part)  # the process's CPU, split
+    assert set(sampler.thread_cores(start, time.time(), by_part=False)) == {"all"}

@@ -11,7 +11,7 @@ from sparkapp.core.blocks import Block, LineBlock
 from sparkapp.core.state_machine import OffsetRange
 from sparkapp.delivery.sift import without
 from sparkapp.edges.clickhouse import load_schema
-from sparkapp.edges.insert import PINNED, Inserter, is_transient
+from sparkapp.edges.insert import PINNED, Inserter, InsertError, is_transient
 
 
 def test_pinned_insert_settings_win_over_the_sinks(ch_db):
@@ -25,6 +25,26 @@ def test_pinned_insert_settings_win_over_the_sinks(ch_db):
     ins.insert(block)
     ins.insert(block)  # the same token: deduplicated, as insert_deduplicate=1 (not the sink's 0) makes it
     assert client.query("SELECT count() FROM t").result_rows == [(2,)]
+
+
+@pytest.mark.parametrize("token", ["tok", ""])
+def test_json_lines_are_parsed_alike_with_a_token_or_without(ch_db, token):
+    """ClickHouse parses a window's lines under the same strict settings whether the block carries a token or goes
+    out at least once (`state.enabled: false`): under ClickHouse's defaults a number in a String column would be
+    stored as its text and `true` in an Int64 as 1, values the decoder dead-letters, and the parse would run on
+    threads of its own. Each line is refused alike, and so takes the decoder on either path."""
+    import pyarrow as pa
+
+    client, db = ch_db
+    client.command("CREATE TABLE t (s String, n Int64, _offset UInt64) ENGINE = MergeTree ORDER BY n "
+                   "SETTINGS non_replicated_deduplication_window = 10")
+    ins = Inserter(client, load_schema(client, db, "t"), retries=0)
+    settings = ins._settings(LineBlock(OffsetRange(0, 0), token, (0,), pa.array(['{"s": "a", "n": 1}\n'])))
+    assert {k: settings[k] for k in ins.line_settings} == ins.line_settings
+    for line in ('{"s": 123, "n": 1}\n', '{"s": "a", "n": true}\n'):
+        with pytest.raises(InsertError):
+            ins.insert(LineBlock(OffsetRange(0, 0), token, (0,), pa.array([line], pa.string())))
+    assert client.query("SELECT count() FROM t").result_rows == [(0,)]
 
 
 def test_retries_follow_the_error_code_not_the_words(ch_db):
