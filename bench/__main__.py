@@ -66,8 +66,7 @@ class RssSampler(threading.Thread):
         while not self.done.wait(0.25):
             now = {k: 0.0 for k in self.peak}
             total = 0.0
-            tree = _tree(self.pid)
-            for pid, cmd, rss in tree:
+            for pid, cmd, rss in _tree(self.pid):
                 total += rss
                 part = ("driver_python" if "-m sparkapp run" in cmd else "driver_jvm" if "java" in cmd
                         else "python_workers" if "pyspark" in cmd else "other")
@@ -76,8 +75,9 @@ class RssSampler(threading.Thread):
                     now[f"{part}_mb"] += rss
                 if tick % THREAD_EVERY == 0:
                     for tid, comm, cpu in _threads(pid):
+                        # a thread id used again by a new thread starts lower: nothing counted, then counted from there
                         spent = cpu - self.thread_seen.get((pid, tid), 0.0)
-                        self.thread_seen[(pid, tid)] = max(cpu, self.thread_seen.get((pid, tid), 0.0))
+                        self.thread_seen[(pid, tid)] = cpu
                         if spent > 0:
                             group = f"{part}/{thread_group(comm)}"
                             self.group_cpu[group] = self.group_cpu.get(group, 0.0) + spent
