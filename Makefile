@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 PYTEST_ARGS ?= --durations=30
+# two workers, each with servers of its own (tests/conftest.py, pytest_xdist_make_scheduler)
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup test lint lint-only demo bench clean
 DEMO_ARGS ?=
@@ -22,7 +24,7 @@ lint-only:
 test:
 	@hack/setup.sh test
 	@$(MAKE) --no-print-directory lint-only
-	pytest $(PYTEST_ARGS) --ignore=tests/e2e/test_sharding.py
+	pytest $(PYTEST_ARGS) -n $(PYTEST_WORKERS) --ignore=tests/e2e/test_sharding.py
 	pytest $(PYTEST_ARGS) tests/e2e/test_sharding.py
 
 # The demo provisions only what it uses (a JRE, Kafka, Spark's Kafka connector), not the Kubernetes parts.

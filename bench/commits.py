@@ -54,6 +54,16 @@ def worktrees(refs: list[str], root: Path) -> Iterator[dict[str, tuple[str, Path
             subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO, capture_output=True)
 
 
+def run_order(refs: list[str], data: list[str], paths: list[str], reps: int) -> list[tuple[int, str, str, str]]:
+    """(rep, ref, data, path) of each run in turn: every rep runs each ref on each data set by each path, and every
+    other rep in the reverse order at each level, so that no run always follows the same one."""
+    def turn(xs: list[str], rep: int) -> list[str]:
+        return xs if rep % 2 == 0 else list(reversed(xs))
+
+    return [(rep, ref, kind, path) for rep in range(reps) for ref in turn(refs, rep) for kind in turn(data, rep)
+            for path in turn(paths, rep)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.commits", description=__doc__.split("\n\n")[0])
     ap.add_argument("refs", nargs="+", help="git refs; ratios are to the first")
@@ -76,25 +86,21 @@ def main(argv: list[str] | None = None) -> int:
         commits = {ref: sha for ref, (sha, _) in trees.items()}
         kafka = stack.enter_context(Kafka(root / "kafka"))
         probe_topics(kafka, a.events, a.partitions, a.dirty)
-        data = ["clean", "dirty"] if a.dirty else ["clean"]
-        for rep in range(a.reps):
-            for ref in (a.refs if rep % 2 == 0 else list(reversed(a.refs))):
-                _, tree = trees[ref]
-                for kind in (data if rep % 2 == 0 else list(reversed(data))):
-                    for path in (paths if rep % 2 == 0 else list(reversed(paths))):
-                        dirty = kind == "dirty"
-                        work = root / f"run{len(runs)}"
-                        with own_server(work) if path == "e" else contextlib.nullcontext() as server:
-                            r = run_job(work, kafka, "bench-dirty" if dirty else "bench", a.events, a.batch,
-                                        path != "d", a.block, server=server, dlq="bench-dlq" if dirty else None,
-                                        key_shards=2 if path == "k" else 0, repo=tree, warm_s=a.warm_up)
-                        rate = r["rows_per_s"]
-                        res = {"ref": ref, "rep": rep, "data": kind, **({"path": path} if a.with_d else {}),
-                               "rows_per_s": round(rate),
-                               "us_per_row": per_row(r["cpu_cores_used"], rate),
-                               "us_per_row_by_thread": per_row(r["cpu_cores_by_thread"], rate)}
-                        print(json.dumps(res), file=sys.stderr, flush=True)
-                        runs.append(res)
+        for rep, ref, kind, path in run_order(a.refs, ["clean", "dirty"] if a.dirty else ["clean"], paths, a.reps):
+            _, tree = trees[ref]
+            dirty = kind == "dirty"
+            work = root / f"run{len(runs)}"
+            with own_server(work) if path == "e" else contextlib.nullcontext() as server:
+                r = run_job(work, kafka, "bench-dirty" if dirty else "bench", a.events, a.batch,
+                            path != "d", a.block, server=server, dlq="bench-dlq" if dirty else None,
+                            key_shards=2 if path == "k" else 0, repo=tree, warm_s=a.warm_up)
+            rate = r["rows_per_s"]
+            res = {"ref": ref, "rep": rep, "data": kind, **({"path": path} if a.with_d else {}),
+                   "rows_per_s": round(rate),
+                   "us_per_row": per_row(r["cpu_cores_used"], rate),
+                   "us_per_row_by_thread": per_row(r["cpu_cores_by_thread"], rate)}
+            print(json.dumps(res), file=sys.stderr, flush=True)
+            runs.append(res)
     base = a.refs[0]
     rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "clean" and r.get("path") != "d"}
     dirty_rate = {(r["ref"], r["rep"]): r["rows_per_s"] for r in runs if r["data"] == "dirty" and r.get("path") != "d"}

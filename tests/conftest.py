@@ -21,8 +21,23 @@ def pytest_configure(config: pytest.Config) -> None:
     import tempfile
 
     base = Path(config.option.basetemp or tempfile.mkdtemp(prefix="chsink-tests-")).resolve()
-    os.environ.update(scratch_env(base / "scratch"))
+    os.environ.update(scratch_env(base / "scratch", short_lived=True))
     tempfile.tempdir = None  # recomputed from TMPDIR
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` runs two pytest workers (pytest-xdist): most of a test's time is a JVM starting, a job waiting
+    for its batches or a server restarting, not CPU. Each worker starts its own servers (free ports, its own
+    basetemp). A test file stays on one worker, in its order; the node's tests share one worker, as they share the
+    machine's container runtime, network namespaces and iptables."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/node" if path.startswith("tests/node/") else path
+
+    return ByFile(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -147,39 +147,27 @@ def test_latency_quick_writes_json(tmp_path):
 
 
 def test_commits_quick_writes_json(tmp_path):
-    """`python -m bench.commits`: two checkouts (here both HEAD's, as two refs) alternated on one data set, and with
-    `--dirty` on a dirty one too, each run from its own worktree, every record delivered or dead-lettered (run_job
-    asserts the count); the worktrees are removed."""
+    """`python -m bench.commits`: two checkouts (here both HEAD's, as two refs) on one data set and, with `--dirty`,
+    on a dirty one too, each run of (c) beside one of (d) with `--with-d`, each run from its own worktree, every
+    record delivered or dead-lettered, exactly once for (c) (run_job asserts the count); the worktrees are removed.
+    The order of the runs over several reps is test_round_order's."""
     before = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
-    res = subprocess.run([sys.executable, "-m", "bench.commits", "HEAD", "HEAD~0", "--path", "c", "--reps", "2",
-                          "--dirty", "0.05", "--events", "20000", "--batch", "5000", "--block", "5000",
+    res = subprocess.run([sys.executable, "-m", "bench.commits", "HEAD", "HEAD~0", "--path", "c", "--with-d",
+                          "--reps", "1", "--dirty", "0.05", "--events", "20000", "--batch", "5000", "--block", "5000",
                           "--partitions", "2", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     [out] = list(tmp_path.glob("*-commits.json"))
     data = json.loads(out.read_text())
     assert data["commits"]["HEAD"] == data["commits"]["HEAD~0"]
-    assert [(r["ref"], r["rep"], r["data"]) for r in data["runs"]] == [
-        ("HEAD", 0, "clean"), ("HEAD", 0, "dirty"), ("HEAD~0", 0, "clean"), ("HEAD~0", 0, "dirty"),
-        ("HEAD~0", 1, "dirty"), ("HEAD~0", 1, "clean"), ("HEAD", 1, "dirty"), ("HEAD", 1, "clean")]
-    assert all(r["rows_per_s"] > 0 for r in data["runs"]) and len(data["ratios_to_first"]["HEAD~0"]) == 2
-    assert {ref: len(v) for ref, v in data["dirty_clean"].items()} == {"HEAD": 2, "HEAD~0": 2}
+    assert [(r["ref"], r["data"], r["path"]) for r in data["runs"]] == [
+        (ref, kind, path) for ref in ("HEAD", "HEAD~0") for kind in ("clean", "dirty") for path in "cd"]
+    assert all(r["rows_per_s"] > 0 for r in data["runs"]) and len(data["ratios_to_first"]["HEAD~0"]) == 1
+    assert {ref: len(v) for ref, v in data["dirty_clean"].items()} == {"HEAD": 1, "HEAD~0": 1}
+    c, d = ({r["ref"]: r["rows_per_s"] for r in data["runs"] if r["path"] == p and r["data"] == "clean"} for p in "cd")
+    assert data["c_d"] == {ref: [round(c[ref] / d[ref], 3)] for ref in ("HEAD", "HEAD~0")}
+    assert data["d_medians"] == d
     assert subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout == before
-
-
-def test_commits_with_d_pairs_each_exactly_once_run_with_an_at_least_once_one(tmp_path):
-    """`python -m bench.commits --with-d`: each run of (c) beside one of (d) on the same data, in alternating order,
-    and each rep's c/d (run_job asserts every record was delivered, exactly once for (c))."""
-    res = subprocess.run([sys.executable, "-m", "bench.commits", "HEAD", "--path", "c", "--with-d", "--reps", "2",
-                          "--events", "20000", "--batch", "5000", "--block", "5000", "--partitions", "2", "--out",
-                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    [out] = list(tmp_path.glob("*-commits.json"))
-    data = json.loads(out.read_text())
-    assert [(r["rep"], r["path"]) for r in data["runs"]] == [(0, "c"), (0, "d"), (1, "d"), (1, "c")]
-    c, d = ({r["rep"]: r["rows_per_s"] for r in data["runs"] if r["path"] == p} for p in "cd")
-    assert data["c_d"] == {"HEAD": [round(c[rep] / d[rep], 3) for rep in (0, 1)]}
-    assert data["medians"]["HEAD"] == (c[0] + c[1]) / 2 and data["d_medians"]["HEAD"] == (d[0] + d[1]) / 2
 
 
 def test_variants_quick_writes_json(tmp_path):

@@ -26,7 +26,9 @@ from sparkapp.formats.record_key import KeyFormat
 from sparkapp.formats.registry import DecoderSpec, Format, make_decoder
 from tests.helpers import compile_proto, line_batch, msg, proto_message, read_dlq
 
-CRASH_RUNS_PER_CASE = 30
+# crashed runs per case: each of the 8 step boundaries about twice in each of the cases below (the loop goes on
+# until every one has been crashed at least once)
+CRASH_RUNS_PER_CASE = 16
 # the record's metadata too (key, headers, timestamp type), compared value for value at the end
 METADATA = ("_topic String, _partition UInt32, _offset UInt64, _key Nullable(String), _headers Map(String, String), "
             "_timestamp_type Enum8('CreateTime' = 0, 'LogAppendTime' = 1)")
