@@ -34,10 +34,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "tests/node" if path.startswith("tests/node/") else path
+            return worker_scope(nodeid)
 
     return ByFile(config, log)
+
+
+def worker_scope(nodeid: str) -> str:
+    """What one worker runs whole: the test's file, or the node's tests together."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/node" if path.startswith("tests/node/") else path
 
 
 @pytest.fixture(scope="session", autouse=True)

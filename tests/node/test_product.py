@@ -328,6 +328,10 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     p.kubectl("patch", "chs", SINK, "--type=merge", "-p", '{"spec": {"state": "paused"}}')
     p.wait("paused", lambda: p.state() == "Paused" and
            p.get("sparkapp", APP).get("status", {}).get("applicationState", {}).get("state") == "SUSPENDED")
+    # SUSPENDED comes when the spark-operator deletes the driver pod, which then finishes the batch it is in (on
+    # SIGTERM, by design): what that batch delivers shows once the pod is gone and a status tick (3 s) has passed
+    p.wait("the driver pod is gone", lambda: not p.get("pod", f"{APP}-driver"), timeout=180)
+    time.sleep(8)
     p.snapshot("paused")
     paused = p.delivered()
     time.sleep(10)
