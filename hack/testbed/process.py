@@ -175,9 +175,10 @@ class ManagedProcess:
         self.stop()
 
 
-# The tests' Spark drivers each live for seconds to a minute: the JVM's optimising compiler (C2) would spend
-# much of that compiling code the run ends before it pays back (in `make bench`'s cold runs the JIT compilers took
-# 45% of the driver JVM's CPU). The first tier alone (C1) compiles quickly; what the job does is the same.
+# The test bed's JVMs (its Kafka, its registry, the tests' Spark drivers) each live for seconds to minutes: the
+# JVM's optimising compiler (C2) would spend much of that compiling code the run ends before it pays back (in
+# `make bench`'s cold runs the JIT compilers took 45% of the driver JVM's CPU). The first tier alone (C1) compiles
+# quickly; what the program does is the same.
 SHORT_LIVED_JIT = "-XX:TieredStopAtLevel=1"
 
 

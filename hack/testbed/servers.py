@@ -16,7 +16,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from .process import ManagedProcess, TestbedError, cached, free_port, k8s_part, versions
+from .process import SHORT_LIVED_JIT, ManagedProcess, TestbedError, cached, free_port, k8s_part, versions
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 
@@ -108,7 +108,7 @@ class SchemaRegistry(ManagedProcess):
     def command(self) -> list[str]:
         tmp = self.workdir / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
-        return [self.java, f"-Djava.io.tmpdir={tmp}", "-XX:-UsePerfData", "-Xmx384m", "-XX:TieredStopAtLevel=1",
+        return [self.java, f"-Djava.io.tmpdir={tmp}", "-XX:-UsePerfData", "-Xmx384m", SHORT_LIVED_JIT,
                 f"-Dquarkus.http.port={self.port}", "-Dquarkus.http.host=127.0.0.1",
                 f"-Dquarkus.management.port={self.management_port}", "-Dquarkus.management.host=127.0.0.1",
                 "-jar", str(self.app / "quarkus-run.jar")]
@@ -297,7 +297,7 @@ class Kafka(ManagedProcess):
             raise TestbedError(f"kafka: storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
 
     def command(self) -> list[str]:
-        return [*_java(self.workdir), "-Xmx768m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+        return [*_java(self.workdir), "-Xmx768m", "-XX:+UseG1GC", SHORT_LIVED_JIT, "-Xshare:auto",
                 f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.yaml'}",
                 "-cp", self._classpath(), "kafka.Kafka", str(self.workdir / "server.properties")]
 
