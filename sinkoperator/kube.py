@@ -1,5 +1,6 @@
-"""The operator's Kubernetes API calls for the objects it owns (ConfigMap, SparkApplication), the Spark
-driver's identity in a sink's namespace, and the Secrets a sink names. Status is written by status.py alone."""
+"""The operator's Kubernetes API calls for the objects it owns (ConfigMap, SparkApplication), the pods the
+spark-operator runs for them, the Spark driver's identity in a sink's namespace, and the Secrets a sink names.
+Status is written by status.py alone."""
 
 from __future__ import annotations
 
@@ -72,6 +73,21 @@ def app_executors(app: dict[str, Any] | None, keep: int = 10) -> tuple[int, list
 def app_state(app: dict[str, Any] | None) -> str:
     """The SparkApplication's state as the spark-operator reports it ("" when unknown)."""
     return str(((app or {}).get("status") or {}).get("applicationState", {}).get("state", ""))
+
+
+# the label the spark-operator puts on every pod of an application, the driver's and the executors'
+APP_POD_LABEL = f"{SPARK[0]}/app-name"
+
+
+def live_pods(namespace: str, app_name: str) -> list[str]:
+    """The application's pods whose containers may still run ("name (role)"), driver first. A pod being
+    deleted counts until it is gone: a suspended or deleted application's driver finishes the batch it is in
+    after SIGTERM, and its executors the inserts they send."""
+    pods = client.CoreV1Api().list_namespaced_pod(namespace, label_selector=f"{APP_POD_LABEL}={app_name}").items
+    live = [(p.metadata, p.status) for p in pods if p.metadata is not None]
+    roles = [((meta.labels or {}).get("spark-role", "pod"), str(meta.name)) for meta, st in live
+             if (st.phase if st else None) not in ("Succeeded", "Failed")]
+    return [f"{name} ({role})" for role, name in sorted(roles, key=lambda r: (r[0] != "driver", r[1]))]
 
 
 def apply_configmap(cm: dict[str, Any]) -> str:

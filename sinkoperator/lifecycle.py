@@ -2,7 +2,8 @@
 
 One function decides it, so `kubectl get chs` cannot say Ready while the job failed, is drained or was never
 submitted: Ready is True only when the SparkApplication reports RUNNING, the user asked for running, and
-nothing is degraded.
+nothing is degraded. Nor Paused or Stopped while a pod of the job is left, whatever the application reports: the
+spark-operator reports SUSPENDED as it deletes the driver pod, which then finishes the batch it is in.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from .model import Condition
 from .spec import FAILED_APP_STATES, AppState, ConditionType, DesiredState, Reason, RebalancePhase, SinkState
 
 # the rollout states: something is on its way, not wrong
-_PROGRESSING = {SinkState.PENDING, SinkState.DEPLOYING, SinkState.DRAINING, SinkState.DELETING}
+_PROGRESSING = {SinkState.PENDING, SinkState.DEPLOYING, SinkState.DRAINING, SinkState.PAUSING, SinkState.STOPPING,
+                SinkState.DELETING}
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Observed:
     problem: Problem | None = None
     deleting: bool = False
     rollout: str = ""  # what this reconcile changed ("created", "patched", "deleted"), if anything
+    pods: tuple[str, ...] = ()  # the job's pods that may still write (a stopping driver finishes its batch)
 
 
 def sink_state(o: Observed) -> SinkState:
@@ -43,10 +46,11 @@ def sink_state(o: Observed) -> SinkState:
         return SinkState.DELETING
     if o.problem is not None and o.problem.permanent:
         return SinkState.INVALID
+    # paused or stopped only once no pod of the job is left: until then its last batch may still land
     if o.desired is DesiredState.STOPPED:
-        return SinkState.STOPPED
+        return SinkState.STOPPING if o.pods else SinkState.STOPPED
     if o.desired is DesiredState.PAUSED:
-        return SinkState.PAUSED
+        return SinkState.PAUSING if o.pods else SinkState.PAUSED
     if o.rebalance is RebalancePhase.DRAINING:
         return SinkState.DRAINING
     if o.app is None:
@@ -74,6 +78,8 @@ def conditions(o: Observed, generation: int, now: str) -> tuple[SinkState, list[
         ready_reason, ready_msg = degraded
     else:
         ready_reason, ready_msg = str(state), _WHY_NOT_READY.get(state, "")
+        if state in (SinkState.PAUSING, SinkState.STOPPING):
+            ready_msg += f": {', '.join(o.pods[:5])}" + (f" and {len(o.pods) - 5} more" if len(o.pods) > 5 else "")
     progressing = state in _PROGRESSING or o.rebalance is RebalancePhase.SETTLING or bool(o.rollout)
     if o.rebalance in (RebalancePhase.SETTLING, RebalancePhase.DRAINING):
         prog_reason, prog_msg = f"Rebalance{o.rebalance}", "a rebalance is under way (status.rebalance)"
@@ -95,7 +101,9 @@ def conditions(o: Observed, generation: int, now: str) -> tuple[SinkState, list[
 _WHY_NOT_READY = {
     SinkState.DEPLOYING: "the SparkApplication is submitted; its driver does not run yet",
     SinkState.DRAINING: "the job is suspended for a rebalance",
+    SinkState.PAUSING: "spec.state is paused; waiting for the job's pods to finish the batch they are in",
     SinkState.PAUSED: "spec.state is paused",
+    SinkState.STOPPING: "spec.state is stopped; waiting for the job's pods to finish the batch they are in",
     SinkState.STOPPED: "spec.state is stopped",
     SinkState.DELETING: "the sink is being deleted",
 }

@@ -77,6 +77,7 @@ def _reconcile(body: Any) -> Outcome:
     changed, problem, stall, spec, progress = "", None, None, None, None
     app_state: AppState | None = None
     app_msg = ""
+    pods: tuple[str, ...] = ()
     desired = DesiredState(str((body.get("spec") or {}).get("state", DesiredState.RUNNING)))
     try:
         spec = SinkSpec.parse(body.get("spec"), name)
@@ -96,6 +97,7 @@ def _reconcile(body: Any) -> Outcome:
             app = kube.get_app(namespace, object_name(name))
             app_state = AppState.parse(kube.app_state(app)) if app is not None else None
             app_msg = kube.app_message(app)
+            pods = tuple(kube.live_pods(namespace, object_name(name)))
             running, lost = kube.app_executors(app)
             new = new.model_copy(update={"spark_application": new.spark_application.model_copy(update={
                 "name": object_name(name), "state": app_state or "", "message": app_msg, "executors": running,
@@ -106,7 +108,8 @@ def _reconcile(body: Any) -> Outcome:
         except Exception as e:
             problem = problem or classify(e)
     observed = Observed(desired, app_state, app_msg, new.rebalance.phase if new.rebalance else None,
-                        problem or stall, rollout=changed if changed in ("created", "patched", "deleted") else "")
+                        problem or stall, rollout=changed if changed in ("created", "patched", "deleted") else "",
+                        pods=pods)
     status.record(body, old, new, observed, generation, progress)
     metrics.RECONCILES.labels(changed or "failed").inc()
     return Outcome(changed, problem)
@@ -227,9 +230,12 @@ def _unsettled(cfg: SinkConfig, current: int) -> str:
 
 
 def _running(namespace: str, name: str) -> str:
-    """What a drain still waits for ("" when done): the SparkApplication to stop."""
+    """What a drain still waits for ("" when done): the SparkApplication to stop, then its pods to be gone (the
+    spark-operator reports SUSPENDED as it deletes the driver pod, which still finishes the batch it is in)."""
     app = kube.get_app(namespace, object_name(name))
     state = kube.app_state(app)
     if app is not None and state not in STOPPED_APP_STATES:
         return f"SparkApplication {object_name(name)} to stop (state {state or 'unknown'})"
+    if pods := kube.live_pods(namespace, object_name(name)):
+        return f"the job's pods to finish the batch they are in: {', '.join(pods[:5])}"
     return ""

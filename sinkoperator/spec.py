@@ -34,7 +34,9 @@ class SinkState(enum.StrEnum):
     DEPLOYING = "Deploying"  # the SparkApplication is submitted, (re)starting or resuming; no driver runs yet
     RUNNING = "Running"  # the driver runs
     DRAINING = "Draining"  # suspended for a rebalance; the new layout is applied once it stopped
-    PAUSED = "Paused"
+    PAUSING = "Pausing"  # paused in the spec; a pod of the job still runs (it finishes the batch it is in)
+    PAUSED = "Paused"  # and no pod of the job is left
+    STOPPING = "Stopping"  # stopped in the spec (the SparkApplication deleted); a pod of the job still runs
     STOPPED = "Stopped"
     FAILED = "Failed"  # the spark-operator reports the job failed (it is resubmitted: restartPolicy Always)
     INVALID = "Invalid"  # the spec is wrong; only a change to it helps
@@ -92,7 +94,8 @@ class AppState(enum.StrEnum):
 # a stream never ends on its own: an application that completed has failed as much as one that failed
 FAILED_APP_STATES = frozenset({AppState.FAILED, AppState.SUBMISSION_FAILED, AppState.FAILING, AppState.COMPLETED,
                                AppState.SUCCEEDING})
-# states in which no driver runs (a drain waits for one of these)
+# states the spark-operator reports once it has told the driver to stop (a drain waits for one of these, then for
+# the job's pods to be gone: the driver finishes the batch it is in)
 STOPPED_APP_STATES = frozenset({AppState.SUSPENDED, AppState.COMPLETED, AppState.FAILED, AppState.SUBMISSION_FAILED})
 # executor states (status.executorState) of a pod that is gone: FAILED, or UNKNOWN when deleted while the driver runs
 LOST_EXECUTOR_STATES = frozenset({"FAILED", "UNKNOWN"})

@@ -326,16 +326,16 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     _fault(p, "restart Kafka", restart_kafka)
 
     p.kubectl("patch", "chs", SINK, "--type=merge", "-p", '{"spec": {"state": "paused"}}')
-    p.wait("paused", lambda: p.state() == "Paused" and
-           p.get("sparkapp", APP).get("status", {}).get("applicationState", {}).get("state") == "SUSPENDED")
-    # SUSPENDED comes when the spark-operator deletes the driver pod, which then finishes the batch it is in (on
-    # SIGTERM, by design): what that batch delivers shows once the pod is gone and a status tick (3 s) has passed
-    p.wait("the driver pod is gone", lambda: not p.get("pod", f"{APP}-driver"), timeout=180)
-    time.sleep(8)
+    # the spark-operator reports SUSPENDED as it deletes the driver pod, which then finishes the batch it is in
+    # (on SIGTERM, by design): the sink is Pausing until no pod of the job is left, and Paused means nothing lands
+    p.wait("paused", lambda: p.state() == "Paused", timeout=180)
     p.snapshot("paused")
     paused = p.delivered()
+    assert p.get("sparkapp", APP).get("status", {}).get("applicationState", {}).get("state") == "SUSPENDED"
     time.sleep(10)
     assert p.delivered() == paused, "a paused sink writes nothing"
+    pausing = [r for r, _ in p.sink_events() if r in ("Pausing", "Paused")]  # the run's only pause
+    assert pausing == ["Pausing", "Paused"], pausing
     events = _fault(p, "resume", lambda: p.kubectl("patch", "chs", SINK, "--type=merge",
                                                     "-p", '{"spec": {"state": "running"}}'))
     assert ("Running" in {r for r, _ in events}), events

@@ -22,7 +22,9 @@ SAMPLE = yaml.safe_load((Path(__file__).parent / "sample.yaml").read_text())
 problems = st.none() | st.builds(Problem, st.sampled_from(list(Reason)), st.text(max_size=20), st.booleans())
 observed = st.builds(Observed, st.sampled_from(list(DesiredState)), st.none() | st.sampled_from(list(AppState)),
                      st.text(max_size=10), st.none() | st.sampled_from(list(RebalancePhase)), problems, st.booleans(),
-                     st.sampled_from(["", "created", "patched", "deleted"]))
+                     st.sampled_from(["", "created", "patched", "deleted"]),
+                     st.lists(st.sampled_from(["d (driver)", "e1 (executor)", "e2 (executor)"]), max_size=2)
+                     .map(tuple))
 
 
 @given(observed, st.integers(0, 10))
@@ -44,6 +46,11 @@ def test_ready_means_the_job_runs_and_nothing_is_wrong(o: Observed, generation: 
     if o.desired is DesiredState.RUNNING and o.app in FAILED_APP_STATES and not o.deleting and \
             o.rebalance is not RebalancePhase.DRAINING and not (o.problem and o.problem.permanent):
         assert state is SinkState.FAILED
+    if state in (SinkState.PAUSED, SinkState.STOPPED):  # nothing of the job can still land
+        assert not o.pods
+    if o.pods and o.desired is not DesiredState.RUNNING and not o.deleting and not (o.problem and o.problem.permanent):
+        assert state is (SinkState.PAUSING if o.desired is DesiredState.PAUSED else SinkState.STOPPING)
+        assert by["Progressing"].true and not by["Ready"].true and (o.problem or o.pods[0] in by["Ready"].message)
     if o.rebalance is RebalancePhase.DRAINING and o.desired is DesiredState.RUNNING and not o.deleting and \
             not (o.problem and o.problem.permanent):
         assert state is SinkState.DRAINING and not by["Ready"].true and by["Progressing"].true

@@ -230,6 +230,62 @@ def test_a_stopped_sink_says_stopped_and_its_lag_keeps_counting(sink, kafka):
     assert condition(s, "Ready")["reason"] == "Stopped"
 
 
+def job_pod(s, role: str, name: str) -> str:
+    """A pod labelled as the spark-operator labels the job's. This test bed has no node, so it stays Pending (not
+    finished) until deleted, and an unscheduled pod is gone as soon as it is deleted."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default",
+                        "labels": {"sparkoperator.k8s.io/app-name": f"chsink-{s['name']}", "spark-role": role}},
+           "spec": {"containers": [{"name": "spark", "image": "chsink-none:0"}]}}
+    s["kube"].kubectl("apply", "-f", "-", input=yaml.safe_dump(pod))
+    return name
+
+
+def events(s) -> list[str]:
+    """The reasons of the sink's Events, oldest first (kopf gives each an eventTime in microseconds)."""
+    out = s["kube"].kubectl("get", "events", "-o", "json", "--field-selector",
+                            f"involvedObject.name={s['name']}").stdout
+    return [e["reason"] for e in sorted(json.loads(out)["items"], key=lambda e: e.get("eventTime") or "")]
+
+
+def test_paused_and_stopped_only_once_no_pod_of_the_job_is_left(sink):
+    """The spark-operator reports SUSPENDED as it deletes the driver pod, which then finishes the batch it is in:
+    until the job's pods are gone the sink is Pausing (or Stopping), never Paused (or Stopped)."""
+    s = sink
+    s["apply"]()
+    wait_for("app", lambda: app_of(s))
+    report(s, "RUNNING")
+    wait_for("Running", lambda: cr_status(s).get("state") == "Running")
+    driver = job_pod(s, "driver", f"chsink-{s['name']}-driver")
+    executor = job_pod(s, "executor", f"chsink-{s['name']}-exec-1")
+    s["apply"](state="paused")
+    wait_for("Pausing", lambda: cr_status(s).get("state") == "Pausing")
+    report(s, "SUSPENDED")
+    time.sleep(5)  # two status ticks
+    assert cr_status(s)["state"] == "Pausing" and condition(s, "Progressing")["status"] == "True"
+    ready = condition(s, "Ready")
+    assert ready["status"] == "False" and f"{driver} (driver), {executor} (executor)" in ready["message"], ready
+    show(s, "pausing: the application SUSPENDED, its pods still there")
+    s["kube"].kubectl("delete", "pod", driver, "--wait=true")
+    wait_for("the driver gone from Ready's message", lambda: driver not in condition(s, "Ready")["message"])
+    assert cr_status(s)["state"] == "Pausing" and executor in condition(s, "Ready")["message"]
+    s["kube"].kubectl("delete", "pod", executor, "--wait=true")
+    wait_for("Paused", lambda: cr_status(s).get("state") == "Paused")
+    assert condition(s, "Progressing")["status"] == "False"
+
+    job_pod(s, "driver", driver)
+    s["apply"](state="stopped")
+    wait_for("app deleted", lambda: app_of(s) is None)
+    wait_for("Stopping", lambda: cr_status(s).get("state") == "Stopping")
+    time.sleep(5)
+    assert cr_status(s)["state"] == "Stopping"
+    s["kube"].kubectl("delete", "pod", driver, "--wait=true")
+    wait_for("Stopped", lambda: cr_status(s).get("state") == "Stopped")
+    reasons = events(s)
+    assert [r for r in reasons if r in ("Pausing", "Paused", "Stopping", "Stopped")] == \
+        ["Pausing", "Paused", "Stopping", "Stopped"], reasons
+
+
 def test_a_failing_cleanup_keeps_every_condition_and_posts_one_warning(hsink):
     s = hsink
     s["apply"](deletionPolicy="Delete")
@@ -264,5 +320,10 @@ def test_a_rebalance_is_approved_with_the_word_approve(sink, ch_factory):
     wait_for("the annotation used up", lambda: "chsink.io/approve-rebalance" not in
              (get(s["kube"], "chs", s["name"])["metadata"].get("annotations") or {}))
     wait_for("draining", lambda: cr_status(s)["state"] == "Draining")
-    report(s, "SUSPENDED")
+    driver = job_pod(s, "driver", f"chsink-{s['name']}-driver")
+    report(s, "SUSPENDED")  # as the spark-operator reports it: when it deletes the driver pod, not once it is gone
+    wait_for("waiting for the driver", lambda: driver in cr_status(s)["rebalance"]["message"])
+    time.sleep(5)  # two status ticks
+    assert cr_status(s)["rebalance"]["phase"] == "Draining" and cr_status(s)["shards"] == "1->2"
+    s["kube"].kubectl("delete", "pod", driver, "--wait=true")
     wait_for("applied", lambda: cr_status(s)["rebalance"]["phase"] == "Applied" and cr_status(s)["shards"] == "2")

@@ -60,6 +60,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
+# the job's pods, read only: a sink is Paused, Stopped or drained only once none is left
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 # kopf posts handler progress and sink lifecycle as Events
 - apiGroups: ["", events.k8s.io]
   resources: [events]
