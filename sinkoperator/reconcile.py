@@ -97,6 +97,8 @@ def _reconcile(body: Any) -> Outcome:
             app = kube.get_app(namespace, object_name(name))
             app_state = AppState.parse(kube.app_state(app)) if app is not None else None
             app_msg = kube.app_message(app)
+            # listed before the store is read: the reconcile that finds no pod left reads what their last batch
+            # delivered, so a Paused status already holds it
             pods = tuple(kube.live_pods(namespace, object_name(name)))
             running, lost = kube.app_executors(app)
             new = new.model_copy(update={"spark_application": new.spark_application.model_copy(update={
