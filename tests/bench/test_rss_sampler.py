@@ -111,8 +111,10 @@ def test_the_sampler_splits_a_process_s_cpu_by_the_names_its_threads_had():
         _stop(proc)
     jvm = by_thread["driver_jvm"]
     # the busy thread's CPU under each name it had while it spent it, not all of it under its last name; what it
-    # spent since the reading before a rename (a second at most) goes under the new name
-    assert jvm["jit"] > 0.2 and jvm["clickhouse_queries"] > 0.2, by_thread
+    # spent since the reading before a rename (a second at most) goes under the new name. As shares: the other
+    # test worker may take half the core the thread spins on
+    total = sum(jvm.values())
+    assert total > 0.1 and min(jvm.get("jit", 0.0), jvm.get("clickhouse_queries", 0.0)) > 0.25 * total, by_thread
     assert jvm.get("other", 0.0) < min(jvm["jit"], jvm["clickhouse_queries"]), by_thread
     assert jvm.get("python", 0.0) < 0.1, by_thread  # the main thread only waited
     assert sum(jvm.values()) <= by_part["driver_jvm"] + 0.1, (by_thread, by_part)  # the process's CPU, split

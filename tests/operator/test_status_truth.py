@@ -273,6 +273,10 @@ def test_paused_and_stopped_only_once_no_pod_of_the_job_is_left(sink):
     wait_for("Paused", lambda: cr_status(s).get("state") == "Paused")
     assert condition(s, "Progressing")["status"] == "False"
 
+    s["apply"](state="running")  # a pod that appears while paused makes it Pausing again: resume first
+    wait_for("resumed", lambda: app_of(s)["spec"].get("suspend") is False)
+    report(s, "RUNNING")
+    wait_for("Running again", lambda: cr_status(s).get("state") == "Running")
     job_pod(s, "driver", driver)
     s["apply"](state="stopped")
     wait_for("app deleted", lambda: app_of(s) is None)
