@@ -8,6 +8,7 @@ spark-operator reports SUSPENDED as it deletes the driver pod, which then finish
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .model import Condition
@@ -79,7 +80,7 @@ def conditions(o: Observed, generation: int, now: str) -> tuple[SinkState, list[
     else:
         ready_reason, ready_msg = str(state), _WHY_NOT_READY.get(state, "")
         if state in (SinkState.PAUSING, SinkState.STOPPING):
-            ready_msg += f": {', '.join(o.pods[:5])}" + (f" and {len(o.pods) - 5} more" if len(o.pods) > 5 else "")
+            ready_msg += f": {named(o.pods)}"
     progressing = state in _PROGRESSING or o.rebalance is RebalancePhase.SETTLING or bool(o.rollout)
     if o.rebalance in (RebalancePhase.SETTLING, RebalancePhase.DRAINING):
         prog_reason, prog_msg = f"Rebalance{o.rebalance}", "a rebalance is under way (status.rebalance)"
@@ -107,6 +108,11 @@ _WHY_NOT_READY = {
     SinkState.STOPPED: "spec.state is stopped",
     SinkState.DELETING: "the sink is being deleted",
 }
+
+
+def named(pods: Sequence[str], keep: int = 5) -> str:
+    """The pods a message names: the first `keep`, and how many more."""
+    return ", ".join(pods[:keep]) + (f" and {len(pods) - keep} more" if len(pods) > keep else "")
 
 
 def keep_transition_times(old: list[Condition], new: list[Condition]) -> list[Condition]:

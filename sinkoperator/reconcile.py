@@ -23,7 +23,7 @@ from sparkapp.edges.kafka import topic_partitions
 from . import kube, metrics, status
 from .access import open_store, operator_config
 from .cleanup import clean_removed_topics
-from .lifecycle import Observed, Problem
+from .lifecycle import Observed, Problem, named
 from .model import Rebalance, SinkSpec, SinkStatus
 from .problems import classify, invalid_spec
 from .rebalance import initial_layout, plan, same_shards, spec_layout
@@ -239,5 +239,5 @@ def _running(namespace: str, name: str) -> str:
     if app is not None and state not in STOPPED_APP_STATES:
         return f"SparkApplication {object_name(name)} to stop (state {state or 'unknown'})"
     if pods := kube.live_pods(namespace, object_name(name)):
-        return f"the job's pods to finish the batch they are in: {', '.join(pods[:5])}"
+        return f"the job's pods to finish the batch they are in: {named(pods)}"
     return ""
