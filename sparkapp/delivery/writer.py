@@ -230,12 +230,25 @@ class Waiting:
     A range may wait only where it is known delivered: on the driver, which wrote it; in an executor task, when
     the driver hands over what the last batch's tasks reported (`handed`), since Spark runs a batch only after
     every task of the one before succeeded. A task attempt may then find a row another attempt of it already
-    moved past the range (a retried or zombie attempt): that range needs no AFTER, and is let go."""
+    moved past the range (a retried or zombie attempt): that range needs no AFTER, and is let go.
+
+    On the driver, the only writer of its epoch, the rows the last batch's BEFORE read back are its partitions'
+    state until it writes them again (`rows`): the next batch plans from them with no read of its own. They are
+    only ever what the store read back; one another writer moved since fails the conditional write, and one a
+    newer run took, or a sink it took over, fails the read back, before anything is sent."""
 
     store: StateStore
     epoch: int
     ranges: dict[PartitionKey, Begin] = field(default_factory=dict)
     handed: bool = False
+    rows: dict[PartitionKey, StateRow] = field(default_factory=dict)
+
+    def known(self, pks: Sequence[PartitionKey]) -> dict[PartitionKey, StateRow] | None:
+        """The rows of `pks` as the last BEFORE read them back, when it read them all (never on an executor, where
+        other tasks write the partitions between batches)."""
+        if self.handed or not pks or any(pk not in self.rows for pk in pks):
+            return None
+        return {pk: self.rows[pk] for pk in pks}
 
     def confirmed(self, pk: PartitionKey, row: StateRow | None) -> StoredState | None:
         """The state to plan from: a row still BEFORE over a range waiting here is AFTER; any other row as stored
@@ -250,6 +263,8 @@ class Waiting:
     def flush(self, pks: Sequence[PartitionKey] | None = None) -> None:
         """Writes the AFTER of the ranges waiting (of `pks` only, when given): one write for them all."""
         items = [b for pk, b in self.ranges.items() if pks is None or pk in pks]
+        for b in items:
+            self.rows.pop(b.pk, None)  # AFTER now: read again when next needed
         if items:
             self.store.commit_many(items, self.epoch, {} if self.handed else None)
         for b in items:
@@ -276,7 +291,8 @@ def write_lines_many(items: Sequence[tuple[WriterContext, PartitionKey, LineBatc
                      ) -> list[PartitionResult | ShardUnavailableError]:
     """write_lines of the partitions of one micro-batch, with their state transitions shared: the partitions
     whose plan is a new range (the steady case) are read in one round trip, go BEFORE in one conditional
-    write and AFTER in another (each read back), whatever their number. Any other plan (a stored range to
+    write and AFTER in another (each read back), whatever their number; on the driver (`waiting`), the rows the
+    last BEFORE read back stand in for the read. Any other plan (a stored range to
     re-send, re-read or dead-letter), a state that moved meanwhile, and the at-least-once baseline take
     write_lines alone, after them. Windows, tokens and fencing are write_lines'; a crash between the BEFORE
     and the AFTER leaves every partition BEFORE, re-sent identically by the next run.
@@ -307,6 +323,9 @@ def write_lines_many(items: Sequence[tuple[WriterContext, PartitionKey, LineBatc
             held.flush()  # AFTER at once, in one write
         for i, _, _ in done:
             items[i][0].fault("after_commit")
+    if waiting is not None:
+        for i in alone:  # write_lines reads and writes its row itself
+            waiting.rows.pop(items[i][1], None)
     for i in sorted(alone):
         ctx, pk, batch = items[i]
         try:
@@ -326,7 +345,11 @@ def _shared_transitions(items: Sequence[tuple[WriterContext, PartitionKey, LineB
     those produced in one send; the windows. Returns the ranges delivered, whose AFTER is the caller's."""
     store, epoch = items[fast[0][0]][0].store, items[fast[0][0]][0].epoch
     assert all(items[i][0].store is store and items[i][0].epoch == epoch for i, _ in fast), "one store, one epoch"
-    rows = store.load_many([items[i][1] for i, _ in fast], epoch)
+    pks = [items[i][1] for i, _ in fast]
+    read_back = waiting.known(pks) if waiting is not None and waiting.epoch == epoch else None
+    rows = read_back if read_back is not None else store.load_many(pks, epoch)
+    if waiting is not None:
+        waiting.rows = {}  # the rows this batch reads back take their place (any it does not move are read again)
     planned: list[tuple[int, OffsetRange, Placement, tuple[list[Sifted], list[DeadLetter]], PartitionResult]] = []
     for i, known in fast:
         ctx, pk, batch = items[i]
@@ -348,7 +371,8 @@ def _shared_transitions(items: Sequence[tuple[WriterContext, PartitionKey, LineB
         if waiting is not None:  # its BEFORE, conditioned on the waiting row, takes the AFTER's place
             waiting.ranges.pop(items[i][1], None)
         items[i][0].fault("before_begin")
-    conflicts = store.begin_many(list(begins.values()), epoch, loaded=rows)
+    seen: dict[PartitionKey, StateRow] = {}
+    conflicts = store.begin_many(list(begins.values()), epoch, loaded=rows, seen=seen)
     begun = [p for p in planned if items[p[0]][1] not in conflicts]
     for i, *_ in begun:
         items[i][0].fault("after_begin")
@@ -378,6 +402,8 @@ def _shared_transitions(items: Sequence[tuple[WriterContext, PartitionKey, LineB
         done.append((i, begins[i], result))
         result.committed = begins[i].rng
         out[i] = result
+        if waiting is not None:
+            waiting.rows[pk] = seen[pk]
     return done
 
 

@@ -329,19 +329,20 @@ class StateStore:
         _fence(pks[0], epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
         return {keys[k]: self._state_row(r) for k, r in rows.items() if k in keys}
 
-    def begin_many(self, items: Sequence[Begin], epoch: int,
-                   loaded: Mapping[PartitionKey, StateRow] | None = None) -> dict[PartitionKey, StateConflict]:
+    def begin_many(self, items: Sequence[Begin], epoch: int, loaded: Mapping[PartitionKey, StateRow] | None = None,
+                   seen: dict[PartitionKey, StateRow] | None = None) -> dict[PartitionKey, StateConflict]:
         """`begin` of many partitions of one sink, in three round trips whatever their number (two with
-        `loaded`): one read (the rows and the sink's epoch), one conditional write of them all, one read back.
-        Each item is fenced and compared with the state it was planned from exactly as `begin` does; an item
-        whose state moved is returned as a StateConflict (nothing of it was written: plan it again), the others
-        are BEFORE.
+        `loaded`): one read (the rows and the sink's epoch), one conditional write of them all, one read back
+        (the rows and the sink's epoch again). Each item is fenced and compared with the state it was planned
+        from exactly as `begin` does; an item whose state moved is returned as a StateConflict (nothing of it was
+        written: plan it again), the others are BEFORE, and `seen` gets the rows they were read back as.
 
-        `loaded` is what `load_many` read for these partitions, the sink's epoch checked in that read. When every
-        item updates a row it holds (the steady case), that read stands in for this one: the conditional write
-        compares each row with the state it was planned from, and its read back tells a row that moved since
-        (StateConflict) from one a newer epoch took (FencedError), as this read would have. A row to create is
-        read again right before: creating one does not compare."""
+        `loaded` holds the rows these partitions were planned from: what `load_many` read, or what the last
+        begin_many of their only writer read back (`seen`). When every item updates a row it holds (the steady
+        case), no read is needed before the write: the conditional write compares each row with the state it was
+        planned from, and its read back tells a row that moved since (StateConflict) from one a newer epoch took
+        (FencedError), and reads the sink's epoch, before anything of the ranges is sent. A row to create is read
+        again right before: creating one does not compare."""
         if not items:
             return {}
         pks = [it.pk for it in items]
@@ -379,8 +380,10 @@ class StateStore:
                     conflicts.setdefault(it.pk, StateConflict(f"{it.pk}: another writer created a state row first"))
         if updated:
             self._update_many(updated, epoch)
-        self._read_back_many([(it.pk, it.rng, Phase.BEFORE, it.layout) for it in items if it.pk not in conflicts],
-                             epoch, conflicts)
+        got = self._read_back_many([(it.pk, it.rng, Phase.BEFORE, it.layout) for it in items
+                                    if it.pk not in conflicts], epoch, conflicts)
+        if seen is not None:
+            seen.update((pk, r) for pk, r in got.items() if pk not in conflicts)
         return conflicts
 
     def commit_many(self, items: Sequence[Begin], epoch: int,
@@ -531,8 +534,9 @@ class StateStore:
         from (as `_transition` with `cas`); dead-letter fields kept only where the range stays the same.
 
         ClickHouse evaluates the condition once per column it assigns, so the write assigns only what changes:
-        not the epoch and layout where the condition already holds them at their new values, and a range that
-        follows the row's own is `max_offset + 1` rather than a value per key. The read back checks the result."""
+        not the epoch and layout where the condition already holds them at their new values, nor a shard and window
+        size that stay, and a range that follows the row's own is `max_offset + 1` rather than a value per key. The
+        read back checks the result."""
         def per_key(value: Callable[[Begin, StateRow], str | None], column: str, default: str | None = None) -> str:
             """The column's new value by key: `value` gives a key's constant, None for `default` (an expression
             of the row; the column itself, kept, unless given). transform over constant arrays: ClickHouse
@@ -563,8 +567,10 @@ class StateStore:
             "max_offset": per_key(lambda it, ex: f"toInt64({it.rng.max})", "max_offset"),
             "layout": per_key(lambda it, ex: None if it.layout == ex.state.layout else f"toUInt32({it.layout})",
                               "layout"),
-            "shard": per_key(lambda it, ex: f"toUInt32({it.shard})", "shard"),
-            "block_offsets": per_key(lambda it, ex: f"toUInt32({it.block_offsets})", "block_offsets"),
+            # the condition pins the state, and only a transition away from it moves these: as read, so kept
+            "shard": per_key(lambda it, ex: None if it.shard == ex.shard else f"toUInt32({it.shard})", "shard"),
+            "block_offsets": per_key(lambda it, ex: None if it.block_offsets == ex.block_offsets else
+                                     f"toUInt32({it.block_offsets})", "block_offsets"),
             "dlq": per_key(dlq, "dlq"),
             "dlq_mark": per_key(mark, "dlq_mark"),
         }
@@ -577,12 +583,12 @@ class StateStore:
 
     def _read_back_many(self, items: Sequence[tuple[PartitionKey, OffsetRange, Phase, int]], epoch: int,
                         conflicts: dict[PartitionKey, StateConflict] | None) -> dict[PartitionKey, StateRow]:
-        """`_read_back` of many rows in one read (the rows it read). With `conflicts`, a row another writer of this
-        or an older epoch moved is added there (compare-and-set lost); a row a newer epoch owns raises
-        FencedError."""
+        """`_read_back` of many rows in one read (the rows it read), which reads the sink's epoch too: FencedError
+        when a newer epoch took the sink over or owns a row. With `conflicts`, a row another writer of this or an
+        older epoch moved is added there (compare-and-set lost)."""
         if not items:
             return {}
-        got = self.get_many([pk for pk, *_ in items])
+        got = self._fenced_read([pk for pk, *_ in items], epoch)
         for pk, rng, phase, layout in items:
             after = got.get(pk)
             if after is not None and after.state == StoredState(rng, phase, epoch, layout):

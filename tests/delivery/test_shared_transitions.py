@@ -103,8 +103,8 @@ def test_a_partition_another_writer_moved_plans_again_alone_and_the_rest_moves_o
 
 def test_with_ranges_waiting_the_next_before_confirms_them_in_the_batch_s_only_state_write(ch_db):
     """The driver's way (Waiting): a delivered range's AFTER is not written; the partition's next BEFORE, conditioned
-    on that BEFORE row of this epoch, confirms it. A steady batch then costs one state write (and its read, and its
-    read back). A partition with no records in a batch gets its AFTER in one write for all such; one that goes
+    on that BEFORE row of this epoch, confirms it. A steady batch then costs one state write and its read back, no
+    read before it: the driver plans from the rows the last BEFORE read back. A partition with no records in a batch gets its AFTER in one write for all such; one that goes
     alone (a replayed batch) is confirmed before it plans, so it skips its delivered range instead of re-sending
     it; `flush` confirms the rest, and a newer epoch's takeover fences it."""
     client, schema, counting, store = _counted(ch_db, "waiting")
@@ -131,8 +131,8 @@ def test_with_ranges_waiting_the_next_before_confirms_them_in_the_batch_s_only_s
     for b in (1, 2):
         results = batch(25 * b, pks)
         assert [r.committed for r in results] == [OffsetRange(25 * b, 25 * b + 24)] * PARTITIONS  # type: ignore[union-attr]
-        # one read to plan, one write (BEFORE of this batch, which confirms the last), its read back
-        assert (writes(), counting.round_trips) == (1, 3), counting.calls
+        # one write (BEFORE of this batch, which confirms the last) and its read back
+        assert (writes(), counting.round_trips) == (1, 2), counting.calls
         assert set(phases().values()) == {("BEFORE", 25 * b, 25 * b + 24)}
 
     # half the partitions get records: the other half are confirmed in one write of their own

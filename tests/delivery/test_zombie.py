@@ -224,3 +224,43 @@ def test_a_stale_writer_paused_between_its_shared_read_and_its_before_adds_nothi
     assert counts(client) == (800, 800)
     assert {pk: (r.state.phase, r.state.range.max) for pk, r in store.get_many(pks).items()} == \
         {pk: (Phase.AFTER, 399) for pk in pks}
+
+
+@pytest.mark.parametrize("newer", ["untouched", "moved"])
+def test_a_stale_driver_planning_from_the_rows_it_read_back_adds_nothing_once_the_sink_is_taken_over(ch_db, newer):
+    """The driver plans a batch from the rows its last BEFORE read back, with no read before its write
+    (Waiting.rows). A newer run, with other blockOffsets and batch bounds, takes the sink over between two of its
+    batches: before touching a row ("untouched"), or after delivering one partition's next stretch ("moved"). The
+    stale batch's conditional write then lands on rows nobody moved, or finds one moved; either way its read back
+    reads the sink's epoch and fences it before anything is sent. The newer run re-sends what the stale write
+    recorded, as recorded, and every offset lands once."""
+    from sparkapp.delivery.writer import Waiting, write_lines_many
+
+    client, db = ch_db
+    store, schema = setup(client, db, OFFSETS, 100)
+    msgs = {p: [msg({"id": p * 10_000 + i, "pad": "x"}, offset=i, topic="src", partition=p) for i in range(400)]
+            for p in (0, 1)}
+    pks = [PartitionKey("lost", "src", p) for p in (0, 1)]
+
+    def batch(ctx: WriterContext, waiting: Waiting, bounds: dict[int, tuple[int, int]]) -> list[Any]:
+        return write_lines_many([(ctx, pk, line_batch(msgs[pk.partition][slice(*bounds[pk.partition])], schema.names))
+                                 for pk in pks if pk.partition in bounds], waiting)
+
+    epoch = store.acquire_epoch("lost")
+    stale, held = ctx_for(client, store, schema, epoch, 50), Waiting(store, epoch)
+    batch(stale, held, {0: (0, 100), 1: (0, 100)})
+    batch(stale, held, {0: (100, 200), 1: (100, 200)})
+    assert set(held.rows) == set(pks)  # the next batch reads nothing before its write
+    newer_epoch = store.acquire_epoch("lost")
+    fresh, fresh_held = ctx_for(client, store, schema, newer_epoch, 70), Waiting(store, newer_epoch)
+    if newer == "moved":
+        batch(fresh, fresh_held, {0: (100, 330)})  # from the stored BEFORE range, as a new run resumes
+    landed = counts(client)
+    with pytest.raises(FencedError):
+        batch(stale, held, {0: (200, 300), 1: (200, 300)})
+    assert counts(client) == landed  # nothing of the stale batch was sent
+    batch(fresh, fresh_held, {0: (330 if newer == "moved" else 100, 400), 1: (100, 400)})
+    fresh_held.flush()
+    assert counts(client) == (800, 800)
+    assert {pk: (r.state.phase, r.state.range.max) for pk, r in store.get_many(pks).items()} == \
+        {pk: (Phase.AFTER, 399) for pk in pks}

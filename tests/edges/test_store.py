@@ -175,12 +175,19 @@ def test_many_partitions_go_before_from_any_state_each_exactly_as_planned(store,
             store.mark_dlq_done(pk, e)
         store.commit(pk, OffsetRange(0, 9), e)
 
-    def before(plans: dict[int, tuple[int, int, int, int, int, str | None]]) -> None:
-        """partition -> (min, max, layout, shard, block_offsets, dlq mark): BEFORE for all, then checked."""
+    def before(plans: dict[int, tuple[int, int, int, int, int, str | None]]) -> str:
+        """partition -> (min, max, layout, shard, block_offsets, dlq mark): BEFORE for all, then checked; returns
+        what the write assigned."""
         rows = store.load_many(pks, e)
         items = [Begin(pk, OffsetRange(*plans[pk.partition][:2]), rows[pk].state, *plans[pk.partition][2:])
                  for pk in pks]
-        assert store.begin_many(items, e, loaded=rows if loaded else None) == {}
+        writes: list[str] = []
+        update = store._update
+        store._update = lambda assignments, where: (writes.append(assignments), update(assignments, where))[1]
+        try:
+            assert store.begin_many(items, e, loaded=rows if loaded else None) == {}
+        finally:
+            store._update = update
         got = store.get_many(pks)
         assert {pk.partition: (got[pk].state.range.min, got[pk].state.range.max, got[pk].state.phase,
                                got[pk].state.epoch, got[pk].state.layout, got[pk].shard, got[pk].block_offsets,
@@ -188,6 +195,7 @@ def test_many_partitions_go_before_from_any_state_each_exactly_as_planned(store,
             {p: (lo, hi, Phase.BEFORE, e, layout, shard, bo, DlqPhase.NONE if mark is None else DlqPhase.SENDING,
                  mark or "") for p, (lo, hi, layout, shard, bo, mark) in plans.items()}
         store.commit_many(items, e)
+        return writes[0]
 
     # partitions 0-2 of the older epoch: the epoch changes; 1 skips offsets (a transaction's markers); 2 takes
     # another layout and shard; 3 records a dead-letter mark; 4's DONE mark is reset; 5 another window size
@@ -196,9 +204,12 @@ def test_many_partitions_go_before_from_any_state_each_exactly_as_planned(store,
     # all of this epoch now, every range following on, one layout changing back
     before({0: (20, 29, 0, 0, 7, None), 1: (31, 35, 0, 0, 7, None), 2: (20, 29, 0, 3, 7, None),
             3: (20, 29, 0, 0, 7, None), 4: (20, 24, 0, 0, 7, None), 5: (20, 21, 0, 0, 9, None)})
-    # all following on with the same layout, offsets as wide as Kafka's: nothing but the range is assigned a value
-    before({p: (36 if p == 1 else 30 if p != 4 else 25, 2**62 + p, 0, 0 if p != 2 else 3, 7 if p != 5 else 9, None)
-            for p in range(6)})
+    # all following on with the same layout, shards and window sizes, offsets as wide as Kafka's: nothing but the
+    # range is assigned a value (and the dead-letter fields their reset)
+    steady = before({p: (36 if p == 1 else 30 if p != 4 else 25, 2**62 + p, 0, 0 if p != 2 else 3,
+                         7 if p != 5 else 9, None) for p in range(6)})
+    assert [a.split(" = ")[0] for a in steady.split(", ") if " = " in a and not a.startswith("'")] == \
+        ["phase", "min_offset", "max_offset", "dlq", "dlq_mark", "updated_at"], steady
 
 
 def test_after_confirms_only_ranges_its_own_epoch_recorded_dead_letters_done_where_marked(store):
