@@ -337,11 +337,12 @@ PEERS = {"g": "ClickHouse Kafka Connect sink, exactlyOnce=true (KeeperMap)",
 
 
 def run_peer(key: str, work: Path, kafka: Kafka, topic: str, n: int, server: ClickHouseServer,
-             warm_s: float = 0.0) -> dict[str, Any]:
-    """Peer `key` of PEERS on `server` until it landed n rows: its figures (bench.peers)."""
+             warm_s: float = 0.0, table: str = TABLE) -> dict[str, Any]:
+    """Peer `key` of PEERS on `server` until it landed n rows in the events table `table` makes: its figures
+    (bench.peers)."""
     if key == "i":
-        return peers.run_sinker(work, kafka.bootstrap, topic, n, server, _sample, warm_s)
-    return peers.run_connect(work, kafka.bootstrap, topic, n, server, key == "g", _sample, warm_s)
+        return peers.run_sinker(work, kafka.bootstrap, topic, n, server, _sample, warm_s, table)
+    return peers.run_connect(work, kafka.bootstrap, topic, n, server, key == "g", _sample, warm_s, table)
 
 
 def run_peers(work: Path, kafka: Kafka, topic: str, n: int, zookeeper: ZooKeeper,

@@ -9,6 +9,7 @@ later (the Kafka Connect worker is a JVM too), with the CPU its process tree and
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -50,14 +51,22 @@ def require(key: str) -> None:
         _connect_home()
 
 
-def _table(server: ClickHouseServer, db: str) -> Any:
+def _table(server: ClickHouseServer, db: str, ddl: str) -> Any:
     import clickhouse_connect
 
     client = clickhouse_connect.get_client(dsn=server.dsn)
     client.command(f"DROP DATABASE IF EXISTS {db} SYNC")
     client.command(f"CREATE DATABASE {db}")
-    client.command(TABLE.format(db=db, table="events"))
+    client.command(ddl.format(db=db, table="events"))
     return client
+
+
+def computed(client: Any, db: str) -> list[str]:
+    """The events table's columns ClickHouse computes itself (a DEFAULT or MATERIALIZED expression), which a peer
+    must leave out of its inserts, as chsink does (bench.latency's `ingested`)."""
+    rows = client.query("SELECT name FROM system.columns WHERE database = {db:String} AND table = 'events' "
+                        "AND default_kind != '' ORDER BY position", parameters={"db": db}).result_rows
+    return [str(r[0]) for r in rows]
 
 
 def _until_landed(client: Any, db: str, n: int, proc: subprocess.Popen[bytes], log: Path, sampler: Any,
@@ -91,12 +100,17 @@ def _until_landed(client: Any, db: str, n: int, proc: subprocess.Popen[bytes], l
             "peak_rss_mb": round(sampler.peak_total, 1)}
 
 
-def _fresh(work: Path, server: ClickHouseServer) -> tuple[str, Any]:
-    """An empty work dir, and the table in a database of its own: (database, client)."""
+def database(work: Path) -> str:
+    """The database a peer's run in `work` writes its events table in."""
+    return f"peer_{work.name}"
+
+
+def _fresh(work: Path, server: ClickHouseServer, ddl: str) -> tuple[str, Any]:
+    """An empty work dir, and the table (`ddl`) in a database of its own: (database, client)."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    db = f"peer_{work.name}"
-    return db, _table(server, db)
+    db = database(work)
+    return db, _table(server, db, ddl)
 
 
 def _run(cmd: list[str], work: Path, server: ClickHouseServer, db: str, client: Any, n: int, sample: Any,
@@ -132,10 +146,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_connect(work: Path, bootstrap: str, topic: str, n: int, server: ClickHouseServer, exactly_once: bool,
-                sample: Any, warm_s: float = 0.0) -> dict[str, Any]:
-    """The ClickHouse Kafka Connect sink in a standalone Kafka Connect worker, one task per core."""
+                sample: Any, warm_s: float = 0.0, table: str = TABLE) -> dict[str, Any]:
+    """The ClickHouse Kafka Connect sink in a standalone Kafka Connect worker, one task per core, into the events
+    table `table` makes (it leaves a column with a DEFAULT the records lack to ClickHouse)."""
     home = _connect_home()
-    db, client = _fresh(work, server)
+    db, client = _fresh(work, server, table)
     (work / "worker.properties").write_text("\n".join([
         f"bootstrap.servers={bootstrap}", "key.converter=org.apache.kafka.connect.storage.StringConverter",
         "value.converter=org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable=false",
@@ -163,17 +178,19 @@ def run_connect(work: Path, bootstrap: str, topic: str, n: int, server: ClickHou
 
 
 def run_sinker(work: Path, bootstrap: str, topic: str, n: int, server: ClickHouseServer,
-               sample: Any, warm_s: float = 0.0) -> dict[str, Any]:
-    """clickhouse_sinker over ClickHouse's native TCP protocol, the table's schema detected."""
+               sample: Any, warm_s: float = 0.0, table: str = TABLE) -> dict[str, Any]:
+    """clickhouse_sinker over ClickHouse's native TCP protocol, the schema of the events table `table` makes
+    detected; the columns chsink fills and those ClickHouse computes left out (its autoSchema would send them)."""
     binary = _sinker_bin()
-    db, client = _fresh(work, server)
+    db, client = _fresh(work, server, table)
+    exclude = json.dumps(["_offset", "_topic", "_partition", *computed(client, db)])
     (work / "sinker.hjson").write_text(f"""{{
   clickhouse: {{ hosts: [["127.0.0.1"]], port: {server.tcp_port}, db: "{db}", username: "default", password: "",
                 protocol: "native", maxOpenConns: {os.cpu_count() or 1}, retryTimes: 0 }}
   kafka: {{ brokers: "{bootstrap}" }}
   task: {{ name: "peer-{work.name}", topic: "{topic}", earliest: true, consumerGroup: "peer-{work.name}",
           parser: "fastjson", tableName: "events", autoSchema: true,
-          excludeColumns: ["_offset", "_topic", "_partition"], bufferSize: 262144, flushInterval: 1 }}
+          excludeColumns: {exclude}, bufferSize: 262144, flushInterval: 1 }}
   logLevel: "warn"
 }}
 """)

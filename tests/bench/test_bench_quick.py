@@ -147,6 +147,28 @@ def test_latency_quick_writes_json(tmp_path):
         assert 0 <= lat["0.5"] <= lat["0.99"] <= lat["1.0"], lat  # ClickHouse filled it after the record was made
 
 
+def test_latency_quick_with_a_peer_writes_json(tmp_path):
+    """`python -m bench.latency --paths c,i`: clickhouse_sinker under the same live producer, into the same table on
+    a server of its own, leaving `ingested` to ClickHouse as the job does (a peer that sent it would store 1970 and
+    fail the check below), after the job in the first rep; recorded as unavailable where hack/peers.sh did not
+    build it."""
+    res = subprocess.run([sys.executable, "-m", "bench.latency", "--rate", "2000", "--seconds", "10", "--warmup", "2",
+                          "--reps", "1", "--paths", "c,i", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [out] = list(tmp_path.glob("*-latency.json"))
+    data = json.loads(out.read_text())
+    assert [r["path"] for r in data["runs"]] == ["c", "i"]
+    sinker = data["runs"][1]
+    if "unavailable" in sinker:
+        assert "hack/peers.sh" in sinker["unavailable"] and set(data["medians_latency_ms"]) == {"c/default"}
+        return
+    assert sinker["rows"] == 20_000 and sinker["duplicates"] == 0 and 0 < sinker["measured_rows"] <= 20_000, sinker
+    lat = sinker["latency_ms"]
+    assert 0 <= lat["0.5"] <= lat["0.99"] <= lat["1.0"] < 60_000, lat
+    assert set(data["medians_latency_ms"]) == {"c/default", "i"}
+
+
 def test_commits_quick_writes_json(tmp_path):
     """`python -m bench.commits`: two checkouts (here both HEAD's, as two refs) on one data set and, with `--dirty`,
     on a dirty one too, each run of (c) beside one of (d) with `--with-d`, each run from its own worktree, every

@@ -34,3 +34,11 @@ def test_a_peer_that_lands_every_row_within_the_warm_up_is_an_error_not_a_rate(c
         later.join()
         proc.kill()
         proc.wait()
+
+
+def test_the_columns_clickhouse_computes_are_the_ones_a_peer_leaves_out(ch_db):
+    """bench.peers.computed: what clickhouse_sinker's autoSchema must not send (it would fill `ingested` itself)."""
+    client, db = ch_db
+    client.command(f"CREATE TABLE {db}.events (id UInt64, ingested DateTime64(3) DEFAULT now64(3), day Date "
+                   "MATERIALIZED toDate(ingested), name String) ENGINE = MergeTree ORDER BY id")
+    assert peers.computed(client, db) == ["ingested", "day"]
