@@ -356,7 +356,7 @@ def run_peers(work: Path, kafka: Kafka, topic: str, n: int, zookeeper: ZooKeeper
             with own_server(work / key, zookeeper) as server:
                 out[key] = run_peer(key, work / key, kafka, topic, n, server, warm_s)
             say(f"    {out[key]['rows_per_s']:,.0f} rows/s, {out[key]['duplicates']} duplicates")
-        except (peers.PeerMissingError, RuntimeError, ValueError) as e:
+        except peers.NOT_MEASURED as e:
             out[key] = {"unavailable": str(e)[:2000]}
             say(f"    not measured: {str(e).splitlines()[0]}")
     return out

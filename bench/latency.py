@@ -43,6 +43,7 @@ from .variants import normalized
 LATENCY_TABLE = TABLE.replace("_partition UInt16\n",
                               "_partition UInt16, ingested DateTime64(3, 'UTC') DEFAULT now64(3)\n")
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
+MINE = ("c", "e")  # chsink's paths: embedded chdb written by the driver, a server over HTTP written by executors
 SQL = ("SELECT count(), quantilesExact({q})(dateDiff('millisecond', ts, ingested)) FROM {db}.events "
        "WHERE ts >= fromUnixTimestamp64Milli({since})")
 
@@ -104,7 +105,7 @@ def one_peer(key: str, work: Path, kafka: Kafka, zookeeper: ZooKeeper | None, a:
                                                                       table=LATENCY_TABLE))
             return {"rows": r["rows"], "duplicates": r["duplicates"],
                     **quantiles(peers.database(work), since, work, server), "cpu_cores_used": r["cpu_cores_used"]}
-    except (peers.PeerMissingError, RuntimeError) as e:
+    except peers.NOT_MEASURED as e:
         return {"unavailable": str(e)[:2000]}
 
 
@@ -137,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--warmup must be shorter than --seconds")
     variants = {name: normalized(v) for name, v in json.loads(a.variants).items()}
     paths = a.paths.split(",")
-    unknown = [p for p in paths if p not in ("c", "e", *PEERS)]
+    unknown = [p for p in paths if p not in (*MINE, *PEERS)]
     if unknown:
         ap.error(f"--paths: unknown {', '.join(unknown)}")
-    mine, theirs = [p for p in paths if p in ("c", "e")], [p for p in paths if p in PEERS]
+    mine, theirs = [p for p in paths if p in MINE], [p for p in paths if p in PEERS]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="chsink-latency-") as tmp, contextlib.ExitStack() as stack:
         kafka = stack.enter_context(Kafka(Path(tmp) / "kafka"))

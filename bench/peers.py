@@ -28,6 +28,11 @@ class PeerMissingError(RuntimeError):
     """The peer was not built (hack/peers.sh says why)."""
 
 
+# why a peer's run gives no figures: not built, failed, or (ValueError) too short for the warm-up; the run is
+# reported with the reason instead
+NOT_MEASURED = (PeerMissingError, RuntimeError, ValueError)
+
+
 def _connect_home() -> Path:
     v = versions()
     home = cache_dir() / f"kafka-connect-{v['KAFKA_VERSION']}-ch-{v['CLICKHOUSE_KAFKA_CONNECT_VERSION']}"

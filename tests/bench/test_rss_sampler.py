@@ -75,9 +75,9 @@ def spin(s):
 
 def work():
     name(b"C2 CompilerThre")
-    spin(1.6)
+    spin(3.0)
     name(b"QueryPipelineEx")
-    spin(1.6)
+    spin(3.0)
     name(b"idle")
     time.sleep(60)
 
@@ -103,7 +103,7 @@ def test_the_sampler_splits_a_process_s_cpu_by_the_names_its_threads_had():
         assert proc.stdout is not None and proc.stdout.readline().strip() == "spinning"
         start = time.time()
         sampler.start()
-        time.sleep(4.5)
+        time.sleep(7.5)
         by_thread = sampler.thread_cores(start, time.time())
         by_part = sampler.cores_used(start, time.time())
     finally:
@@ -111,8 +111,9 @@ def test_the_sampler_splits_a_process_s_cpu_by_the_names_its_threads_had():
         _stop(proc)
     jvm = by_thread["driver_jvm"]
     # the busy thread's CPU under each name it had while it spent it, not all of it under its last name; what it
-    # spent since the reading before a rename (a second at most) goes under the new name. As shares: the other
-    # test worker may take half the core the thread spins on
+    # spent since the reading before a rename (a second, more on a loaded machine) goes under the new name, so each
+    # name holds the thread for 3 s: that slop stays under what each name is owed. As shares: the other test worker
+    # may take half the core the thread spins on
     total = sum(jvm.values())
     assert total > 0.1 and min(jvm.get("jit", 0.0), jvm.get("clickhouse_queries", 0.0)) > 0.25 * total, by_thread
     assert jvm.get("other", 0.0) < min(jvm["jit"], jvm["clickhouse_queries"]), by_thread
