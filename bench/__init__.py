@@ -4,10 +4,39 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hack.testbed.process import REPO
+
+
+def entry(main: Callable[[], int]) -> NoReturn:
+    """Runs a harness's `main` as a program. SIGTERM and SIGHUP (`kill`, a timeout, a closed terminal) exit the way
+    Ctrl-C does, through every `with` and `finally`: the broker and servers a harness starts run in sessions of
+    their own and its job in a child, so the default exit left them running, and the next run measured beside
+    them."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+    raise SystemExit(main())
+
+
+def stop_child(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
+    """Stops a child the harness started (a job, a peer, a measurement): SIGTERM, which the job takes as "finish
+    the batch and stop", then SIGKILL after `grace_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def publish(results: dict[str, Any], out: str, name: str) -> int:

@@ -30,7 +30,7 @@ from hack.testbed.process import REPO
 from hack.testbed.servers import ClickHouseServer, ZooKeeper
 from hack.testbed.spark import connector_jars
 
-from . import peers, warm_up_option
+from . import entry, peers, stop_child, warm_up_option
 from .data import TABLE, produce
 from .measure import rate, steady
 from .profile import summarize_jfr
@@ -273,10 +273,13 @@ def run_job(work: Path, kafka: Kafka, topic: str, n: int, max_offsets: int, exac
                                 stderr=subprocess.STDOUT)
     sampler = _sample(proc)
     others = {"clickhouse_server": _sample(server.proc if server is not None else None), "kafka": _sample(kafka.proc)}
-    code = proc.wait(3600)
-    for s in (sampler, *others.values()):
-        if s is not None:
-            s.done.set()
+    try:
+        code = proc.wait(3600)
+    finally:
+        for s in (sampler, *others.values()):
+            if s is not None:
+                s.done.set()
+        stop_child(proc)
     assert sampler is not None
     text = log.read_text(errors="replace")
     keep = Path(os.environ.get("CHSINK_BENCH_LOGS", "")) if os.environ.get("CHSINK_BENCH_LOGS") else None
@@ -416,10 +419,13 @@ def measure(kind: str, *args: str, kafka: Kafka | None = None) -> dict[str, Any]
     proc = subprocess.Popen([sys.executable, "-m", "bench.measure", kind, *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     samplers = {"spark": _sample(proc), "kafka": _sample(kafka.proc)} if kafka is not None else {}
-    stdout, stderr = proc.communicate(timeout=3600)
-    for s in samplers.values():
-        if s is not None:
-            s.done.set()
+    try:
+        stdout, stderr = proc.communicate(timeout=3600)
+    finally:
+        for s in samplers.values():
+            if s is not None:
+                s.done.set()
+        stop_child(proc)
     line = next((x for x in stdout.splitlines() if x.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"bench.measure {kind} failed:\n{stderr[-3000:]}")
@@ -577,4 +583,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

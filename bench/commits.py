@@ -31,7 +31,7 @@ from typing import Any
 from hack.testbed import Kafka
 from hack.testbed.process import REPO
 
-from . import probe_options, publish
+from . import entry, probe_options, publish
 from .__main__ import own_server, per_row, run_job
 from .data import probe_topics
 
@@ -124,4 +124,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry(main)

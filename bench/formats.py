@@ -25,7 +25,7 @@ from typing import Any
 from hack.testbed.process import REPO
 from hack.testbed.servers import ClickHouseServer
 
-from . import publish
+from . import entry, publish
 from .__main__ import _cpu_seconds
 from .data import TABLE, encoded
 
@@ -140,4 +140,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry(main)

@@ -35,7 +35,7 @@ from hack.testbed import Kafka
 from hack.testbed.process import REPO
 from hack.testbed.servers import ClickHouseServer, ZooKeeper
 
-from . import peers, probe_options, publish
+from . import entry, peers, probe_options, publish
 from .__main__ import PEERS, own_server, run_job, run_peer
 from .data import TABLE, event
 from .variants import normalized
@@ -48,14 +48,18 @@ SQL = ("SELECT count(), quantilesExact({q})(dateDiff('millisecond', ts, ingested
        "WHERE ts >= fromUnixTimestamp64Milli({since})")
 
 
-def produce_live(bootstrap: str, topic: str, rate: int, seconds: int, partitions: int) -> int:
-    """`rate` events per second for `seconds`, in 10 ms ticks, each event's ts the time it was produced."""
+def produce_live(bootstrap: str, topic: str, rate: int, seconds: int, partitions: int,
+                 stop: threading.Event | None = None) -> int:
+    """`rate` events per second for `seconds`, in 10 ms ticks, each event's ts the time it was produced; `stop`
+    set, it stops early (its run was abandoned: the harness is exiting)."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 0})
     rnd, i, per_tick = random.Random(7), 0, max(1, rate // 100)
     start = time.time()
     for tick in range(seconds * 100):
+        if stop is not None and stop.is_set():
+            break
         while time.time() < start + tick / 100:
             time.sleep(0.001)
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
@@ -77,10 +81,15 @@ def live(work: Path, kafka: Kafka, a: argparse.Namespace,
     kafka.create_topic(topic, a.partitions)
     n = a.seconds * 100 * max(1, a.rate // 100)
     since = int((time.time() + a.warmup) * 1000)
-    producer = threading.Thread(target=produce_live, args=(kafka.bootstrap, topic, a.rate, a.seconds, a.partitions))
+    stop = threading.Event()
+    producer = threading.Thread(target=produce_live,
+                                args=(kafka.bootstrap, topic, a.rate, a.seconds, a.partitions, stop))
     producer.start()
     try:
         return sink(topic, n), since
+    except BaseException:
+        stop.set()  # the sink failed or the harness is exiting: the rest of the events would go nowhere
+        raise
     finally:
         producer.join()
 
@@ -170,4 +179,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry(main)

@@ -20,6 +20,7 @@ from typing import Any
 from hack.testbed.process import cache_dir, free_port, versions
 from hack.testbed.servers import ClickHouseServer, _java
 
+from . import stop_child
 from .data import TABLE
 from .measure import as_batches, rate, steady
 
@@ -132,22 +133,12 @@ def _run(cmd: list[str], work: Path, server: ClickHouseServer, db: str, client: 
         sampler.done.set()
         if served:
             served.done.set()
-        _stop(proc)
+        stop_child(proc)
 
 
 def served_by(server: ClickHouseServer | None) -> dict[str, int]:
     """Which ClickHouse server process a run wrote to, for its results (none: the embedded chdb)."""
     return {"clickhouse_server_pid": server.proc.pid} if server is not None and server.proc else {}
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def run_connect(work: Path, bootstrap: str, topic: str, n: int, server: ClickHouseServer, exactly_once: bool,

@@ -29,7 +29,7 @@ from typing import Any
 
 from hack.testbed import Kafka
 
-from . import probe_options, publish
+from . import entry, probe_options, publish
 from .__main__ import per_row, run_job, with_driver_option
 from .data import probe_topics
 
@@ -107,4 +107,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry(main)

@@ -21,7 +21,7 @@ from typing import Any
 from hack.testbed import Kafka
 from hack.testbed.servers import ZooKeeper
 
-from . import peers, probe_options, publish
+from . import entry, peers, probe_options, publish
 from .__main__ import PEERS, own_server, run_job, run_peer
 from .data import probe_topics
 
@@ -84,4 +84,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry(main)

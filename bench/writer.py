@@ -45,7 +45,7 @@ from hack.testbed import Kafka, ZooKeeper
 from hack.testbed.process import REPO
 from sparkapp.spark.session import ARROW_ALLOCATOR_ENV, keep_arrow_memory
 
-from . import publish
+from . import entry, publish
 from .data import TABLE, encoded
 
 
@@ -290,4 +290,4 @@ def _run(a: argparse.Namespace, tmp: str, kafka: Kafka | None, chdb_config: str 
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry(main)

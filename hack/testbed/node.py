@@ -180,7 +180,7 @@ class Kubelet(ManagedProcess):
         super().__init__(workdir)
         self.api = api
         self.containerd = containerd
-        self.port = free_port()
+        self.port = free_port(NODE_IP)
         self.healthz_port = free_port()
 
     def prepare(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -75,10 +76,25 @@ def await_provisioning() -> None:
         raise TestbedError(f"the background provisioning failed (exit {rc.read_text().strip()}):\n{tail}")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free for a server to listen on at `host`. On loopback, one the kernel gives. On another address (the
+    node's, which every client of the API server connects to), one below the kernel's ephemeral range: a port the
+    kernel gives is also one its connections take their source ports from, and a connection to that address took
+    the kubelet's before it bound it (`bind: address already in use`). Probed on loopback, where a server
+    listening on every address shows too: the node's address may not be up yet."""
+    if host == "127.0.0.1":
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10_000, low), 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise TestbedError(f"no free port below {low} for {host}")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

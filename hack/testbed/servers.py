@@ -368,7 +368,7 @@ class KubeApiServer(ManagedProcess):
         self.host = host
         self.service_cidr = service_cidr
         self.pods = pods
-        self.port = free_port()
+        self.port = free_port(host)
         self.bindir = cached(k8s_part("k8s")) / "bin"
 
     @property
