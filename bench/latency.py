@@ -87,10 +87,10 @@ def live(work: Path, kafka: Kafka, a: argparse.Namespace,
     producer.start()
     try:
         return sink(topic, n), since
-    except BaseException:
-        stop.set()  # the sink failed or the harness is exiting: the rest of the events would go nowhere
-        raise
     finally:
+        # a sink that returned saw all n events, so the producer is done; one that failed, or a harness exiting,
+        # would have the rest produced for nothing
+        stop.set()
         producer.join()
 
 
