@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -76,25 +76,33 @@ def await_provisioning() -> None:
         raise TestbedError(f"the background provisioning failed (exit {rc.read_text().strip()}):\n{tail}")
 
 
+_GIVEN: set[int] = set()  # every port free_port handed out in this process
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free for a server to listen on at `host`. On loopback, one the kernel gives. On another address (the
+    """A port free for a server to listen on at `host`, never one this process handed out before: each probe's
+    socket is closed before the server binds, so the kernel may give the same port again (Kafka's listener and its
+    controller once got one port between them). On loopback, one the kernel gives. On another address (the
     node's, which every client of the API server connects to), one below the kernel's ephemeral range: a port the
     kernel gives is also one its connections take their source ports from, and a connection to that address took
     the kubelet's before it bound it (`bind: address already in use`). Probed on loopback, where a server
     listening on every address shows too: the node's address may not be up yet."""
     if host == "127.0.0.1":
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            return int(s.getsockname()[1])
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.sample(range(10_000, low), 200):
+        tries: Sequence[int] = (0,) * 200  # the kernel's pick
+    else:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        tries = random.sample(range(10_000, low), 200)
+    for port in tries:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
-    raise TestbedError(f"no free port below {low} for {host}")
+            got = int(s.getsockname()[1])
+        if got not in _GIVEN:
+            _GIVEN.add(got)
+            return got
+    raise TestbedError(f"no free port for {host}")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
