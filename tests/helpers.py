@@ -216,3 +216,13 @@ def mimalloc_verbose_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     (MIMALLOC_VERBOSE), plus `extra`: a child process's allocator is then what chsink or `extra` sets."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
     return {**clean, "MIMALLOC_VERBOSE": "1", **(extra or {})}
+
+
+def events_oldest_first(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kubernetes Events in the order they were posted. lastTimestamp has whole seconds, so two Events of one
+    second (Pausing, then Paused) would tie and keep the API's order, which is by their random names; kopf gives
+    each an eventTime in microseconds, and etcd's resourceVersion breaks what is left."""
+    def key(e: dict[str, Any]) -> tuple[str, int]:
+        rv = str(e.get("metadata", {}).get("resourceVersion", "0"))
+        return (e.get("eventTime") or e.get("lastTimestamp") or "", int(rv) if rv.isdigit() else 0)
+    return sorted(items, key=key)

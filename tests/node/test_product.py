@@ -29,6 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from hack.testbed.node import Cluster
 from hack.testbed.process import REPO, cache_dir, versions
 from tests.e2e.harness import EVENTS_TABLE, BackgroundProducer
+from tests.helpers import events_oldest_first
 
 from .conftest import base_image, project_images
 
@@ -74,8 +75,7 @@ class Product:
         """(reason, message) of the Events on the ClickHouseSink, oldest first."""
         res = self.kubectl("get", "events", "--field-selector",
                            f"involvedObject.kind=ClickHouseSink,involvedObject.name={SINK}", "-o", "json")
-        items = sorted(json.loads(res.stdout)["items"],
-                       key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        items = events_oldest_first(json.loads(res.stdout)["items"])
         return [(e["reason"], e.get("message", "")) for e in items]
 
     def state(self) -> str:

@@ -17,6 +17,7 @@ import yaml
 from confluent_kafka import Producer
 
 from hack.testbed.proxy import TcpRelay
+from tests.helpers import events_oldest_first
 
 from .test_operator import app_of, condition, cr_status, get, report, wait_for
 
@@ -242,10 +243,10 @@ def job_pod(s, role: str, name: str) -> str:
 
 
 def events(s) -> list[str]:
-    """The reasons of the sink's Events, oldest first (kopf gives each an eventTime in microseconds)."""
+    """The reasons of the sink's Events, oldest first."""
     out = s["kube"].kubectl("get", "events", "-o", "json", "--field-selector",
                             f"involvedObject.name={s['name']}").stdout
-    return [e["reason"] for e in sorted(json.loads(out)["items"], key=lambda e: e.get("eventTime") or "")]
+    return [e["reason"] for e in events_oldest_first(json.loads(out)["items"])]
 
 
 def test_paused_and_stopped_only_once_no_pod_of_the_job_is_left(sink):
