@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -77,32 +77,39 @@ def await_provisioning() -> None:
 
 
 _GIVEN: set[int] = set()  # every port free_port handed out in this process
+_SLICES = 8  # xdist workers with a port range of their own
+
+
+def _port_slice() -> range:
+    """The ports this process may hand out: below the kernel's ephemeral range, where no connection takes its
+    source port (a connection to the node's address once took the kubelet's port before it bound it: `bind:
+    address already in use`), and below Kubernetes' NodePort range. Each xdist worker has a slice of its own, so
+    two workers never pick one port between one's probe and its server's bind; a process a worker starts (a
+    bench harness) shares its slice and relies on the probe and its random pick."""
+    low = min(int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]), 30_000)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    span = (low - 10_000) // _SLICES
+    first = 10_000 + (int(worker) % _SLICES if worker.isdigit() else 0) * span
+    return range(first, first + span)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free for a server to listen on at `host`, never one this process handed out before: each probe's
-    socket is closed before the server binds, so the kernel may give the same port again (Kafka's listener and its
-    controller once got one port between them). On loopback, one the kernel gives. On another address (the
-    node's, which every client of the API server connects to), one below the kernel's ephemeral range: a port the
-    kernel gives is also one its connections take their source ports from, and a connection to that address took
-    the kubelet's before it bound it (`bind: address already in use`). Probed on loopback, where a server
-    listening on every address shows too: the node's address may not be up yet."""
-    if host == "127.0.0.1":
-        tries: Sequence[int] = (0,) * 200  # the kernel's pick
-    else:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-        tries = random.sample(range(10_000, low), 200)
-    for port in tries:
+    """A port free for a server to listen on at `host`, from this process's slice (`_port_slice`), never one this
+    process handed out before: each probe's socket is closed before the server binds, so a probe alone may
+    pass one port twice (Kafka's listener and its controller once got one port between them). Probed on
+    loopback whatever `host` is, where a server listening on every address shows too: the node's address may not
+    be up yet when its ports are chosen."""
+    for port in random.sample(_port_slice(), 200):
+        if port in _GIVEN:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            got = int(s.getsockname()[1])
-        if got not in _GIVEN:
-            _GIVEN.add(got)
-            return got
-    raise TestbedError(f"no free port for {host}")
+        _GIVEN.add(port)
+        return port
+    raise TestbedError(f"no free port for {host} in {_port_slice()}")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
