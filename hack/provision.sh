@@ -2,7 +2,7 @@
 # Provisions the real test bed: apt packages, Kafka jars, Spark connector jars, kube-apiserver,
 # kubectl, etcd and helm built from Go modules, and the upstream SparkApplication CRDs.
 # Idempotent: every part lands in ~/.cache/chsink/<part>-<version> and is skipped when present.
-# Usage: hack/provision.sh [all|early|late|demo|apt|java|kafka|spark|schema-registry|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator]...
+# Usage: hack/provision.sh [all|early|late|demo|apt|java|kafka|spark|spark-cds|schema-registry|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator]...
 #   demo: only what `make demo` needs (a JRE, Kafka, Spark's Kafka connector); all: the whole test bed;
 #   cluster: the node (containerd, runc, CNI, kubelet and the rest, CoreDNS, the spark-operator, the images);
 #   early + late = all: what the first tests need (packages, jars), then the Go builds and images.
@@ -195,14 +195,22 @@ crds() {
   step "SparkApplication CRDs $SPARK_OPERATOR_VERSION" "$dest" fetch_crds
 }
 
+# A class-data-sharing archive of Spark's classes for the tests' drivers (hack/testbed/cds.py), keyed inside by the
+# pyspark install and the JVM.
+spark_cds() {
+  local t0=$SECONDS out
+  out=$(cd "$here/.." && python -m hack.testbed.cds)
+  log "spark class archive: $out ($((SECONDS - t0))s)"
+}
+
 # A real node: container runtime, CNI plugins and the tools that build images without a Docker engine.
 NODE_APT="containerd runc containernetworking-plugins mmdebstrap buildah iptables conntrack"
 parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(all)
 t_all=$SECONDS
 for p in "${parts[@]}"; do
   case $p in
-    all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; schema_registry; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
-    early) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; schema_registry ;;
+    all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; spark_cds; schema_registry; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
+    early) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; spark_cds; schema_registry ;;
     late) crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
     cluster) apt_install $NODE_APT; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
     node) node_bins ;;
@@ -213,6 +221,7 @@ for p in "${parts[@]}"; do
     java) java_present || apt_install default-jre-headless ;;
     kafka) kafka ;;
     spark) spark_jars ;;
+    spark-cds) spark_cds ;;
     schema-registry) schema_registry ;;
     k8s) k8s ;;
     etcd) etcd ;;

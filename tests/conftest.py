@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from hack.testbed import Etcd, Kafka, KubeApiServer, ZooKeeper, cached, scratch_env, spark_session, versions
+from hack.testbed.process import await_provisioning
 from hack.testbed.servers import ClickHouseServer, SchemaRegistry
 
 
@@ -43,6 +44,35 @@ def worker_scope(nodeid: str) -> str:
     """What one worker runs whole: the test's file, or the node's tests together."""
     path = nodeid.split("::", 1)[0]
     return "tests/node" if path.startswith("tests/node/") else path
+
+
+# The fixtures whose parts the background build of `make test` makes (hack/setup.sh test: the Kubernetes binaries
+# and the images, about 25 minutes on a fresh machine beside the tests).
+LATE_FIXTURES = frozenset({"kube", "empty_cluster", "node"})
+_LATE_SCOPES = pytest.StashKey[frozenset[str]]()
+
+
+def late_last(nodeids: list[str], fixtures: list[set[str]]) -> tuple[list[int], frozenset[str]]:
+    """The run's order, as indexes into `nodeids`: every worker scope that needs the background build after every
+    one that does not, each kept whole and in its order, so the build has the longest time to end before a test
+    waits for it; and those scopes."""
+    late = frozenset(worker_scope(n) for n, f in zip(nodeids, fixtures, strict=True) if f & LATE_FIXTURES)
+    return sorted(range(len(nodeids)), key=lambda i: worker_scope(nodeids[i]) in late), late
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order, late = late_last([i.nodeid for i in items], [set(getattr(i, "fixturenames", ())) for i in items])
+    items[:] = [items[i] for i in order]
+    config.stash[_LATE_SCOPES] = late
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """A test of a scope that needs the background build waits for it before its own timeout starts: waiting for
+    the test bed's build is no test's time (on a fresh machine the first such test waited past its 900 s)."""
+    if worker_scope(item.nodeid) in item.config.stash.get(_LATE_SCOPES, frozenset()):
+        await_provisioning()
+    return (yield)
 
 
 @pytest.fixture(scope="session", autouse=True)

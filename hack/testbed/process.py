@@ -59,19 +59,28 @@ def cached(part: str) -> Path:
     return path
 
 
-def await_provisioning() -> None:
+def await_provisioning(limit: float = 3600) -> None:
     """Waits until the background provisioning `make test` started (hack/setup.sh test) is done; raises with its
-    log when it failed. Returns at once when none runs."""
+    log when it failed, or when it has not ended within `limit` seconds. Returns at once when none runs."""
     import fcntl
 
     lock = cache_dir() / "provision-late.lock"
     if not lock.exists():
         return
+    log = cache_dir() / "provision-late.log"
+    deadline = time.monotonic() + limit
     with open(lock) as f:
-        fcntl.flock(f, fcntl.LOCK_SH)  # the background holds it exclusively until it ends
+        while True:  # the background holds it exclusively until it ends
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    msg = f"the background provisioning has not ended after {limit:.0f}s; see {log}"
+                    raise TestbedError(msg) from None
+                time.sleep(2)
     rc = cache_dir() / "provision-late.rc"
     if rc.exists() and rc.read_text().strip() != "0":
-        log = cache_dir() / "provision-late.log"
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
         raise TestbedError(f"the background provisioning failed (exit {rc.read_text().strip()}):\n{tail}")
 
@@ -216,10 +225,13 @@ SHORT_LIVED_JIT = "-XX:TieredStopAtLevel=1"
 def scratch_env(scratch: Path, short_lived: bool = False) -> dict[str, str]:
     """Environment that keeps a process tree's temporary files (Python's, Spark's block managers and the
     native libraries its JVMs unpack) under `scratch` instead of /tmp, even when the tree is SIGKILLed.
-    `short_lived`: the Spark drivers it starts compile with SHORT_LIVED_JIT (the tests'; not the demo's, nor the
-    benchmark's, which run as a user would)."""
+    `short_lived`: the Spark drivers it starts compile with SHORT_LIVED_JIT and map Spark's classes from the
+    test bed's archive where it has been made (hack/testbed/cds.py): the tests', not the demo's, nor the
+    benchmark's, which run as a user would."""
+    from .cds import archive_option
+
     (scratch / "spark-local").mkdir(parents=True, exist_ok=True)
-    jit = f" {SHORT_LIVED_JIT}" if short_lived else ""
+    jit = f" {SHORT_LIVED_JIT}{archive_option()}" if short_lived else ""
     return {"TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch / "spark-local"),
             "SPARK_SUBMIT_OPTS": f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData{jit}",
             "SPARK_LAUNCHER_OPTS": "-XX:-UsePerfData"}  # spark-submit's own launcher JVM

@@ -26,3 +26,28 @@ def test_the_tests_drivers_compile_with_c1_alone_and_the_demos_do_not(spark, tmp
     args = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert SHORT_LIVED_JIT in args, args
     assert SHORT_LIVED_JIT not in scratch_env(tmp_path)["SPARK_SUBMIT_OPTS"]
+
+
+def test_the_tests_drivers_load_sparks_classes_from_the_test_beds_archive(tmp_path):
+    """A driver started with the tests' own SPARK_SUBMIT_OPTS (tests/conftest.py) takes Spark's classes from the
+    archive hack/provision.sh made (`spark-cds`, hack/testbed/cds.py), not from pyspark's jars: an archive the JVM
+    refused (another class path or JDK), or one without Spark's classes, would give none. The demo's environment
+    leaves it out."""
+    import os
+    import subprocess
+    import sys
+
+    from hack.testbed.cds import spark_archive
+    from hack.testbed.process import scratch_env
+
+    assert spark_archive().exists(), "hack/provision.sh spark-cds made no archive"
+    log = tmp_path / "class-load.log"
+    env = dict(os.environ, SPARK_SUBMIT_OPTS=f"{os.environ['SPARK_SUBMIT_OPTS']} -Xlog:class+load=info:file={log}")
+    code = ("from pyspark.sql import SparkSession; s = SparkSession.builder.master('local[1]')"
+            ".config('spark.ui.enabled', 'false').getOrCreate(); s.range(3).count(); s.stop()")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, timeout=180)
+    # a lambda's class is made at run time, never archived
+    loaded = [line for line in log.read_text().splitlines() if "] org.apache.spark." in line and "$$Lambda" not in line]
+    shared = [line for line in loaded if line.endswith("source: shared objects file (top)")]
+    assert len(shared) > 0.9 * len(loaded) > 500, (len(shared), len(loaded), loaded[:3])
+    assert "SharedArchiveFile" not in scratch_env(tmp_path)["SPARK_SUBMIT_OPTS"]
