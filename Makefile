@@ -17,6 +17,7 @@ lint: setup
 lint-only:
 	ruff check sparkapp sinkoperator tests bench hack
 	mypy sparkapp sinkoperator bench hack
+	NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir .site
 
 # The sharding e2e tests run the job in-process (they act on its chdb engine while it runs), so they get a
 # pytest process, and a Spark driver, of their own.

@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-# errors a user acts on, each with its exit code (documented in README) and a one-line heading
+# errors a user acts on, each with its exit code (docs/configuration.md, docs/operator.md) and a one-line heading
 _EXITS: dict[type[Exception], tuple[int, str]] = {
     ConfigError: (2, "configuration error"), FencedError: (3, "fenced"), DataLossError: (4, "data loss"),
     IrrecoverableStateError: (5, "state does not match Kafka"), UnavailableError: (6, "unavailable"),

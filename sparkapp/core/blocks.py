@@ -4,7 +4,7 @@ A range is cut into offset windows of `block_offsets` offsets counted from the r
 same range always yields the same windows, whatever messages compaction left in it. Each window is
 one INSERT with its own `insert_deduplication_token`; a retry re-sends the identical windows.
 
-Token format (version 1), documented in README.md and pinned by tests:
+Token format (version 1), documented in docs/exactly-once.md and pinned by tests:
 
     chsink1|<sink>|<topic>|<partition>|<table>|<shard>|<first>-<last>
 

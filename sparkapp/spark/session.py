@@ -51,7 +51,7 @@ def session_conf(cfg: SinkConfig) -> dict[str, str]:
     conf.setdefault("spark.task.maxDirectResultSize", DIRECT_RESULT_MAX)
     # On the executor path Spark hands each task's rows to the Python worker in Arrow batches. Under any byte
     # limit but Int.MaxValue (Spark 4's default is 256 MB) it measures the batch being built after every row,
-    # every column's buffers: 0.4 of the JVM's 4.5 µs per row on the HTTP path (README, Running the job). The
+    # every column's buffers: 0.4 of the JVM's 4.5 µs per row on the HTTP path (docs/configuration.md). The
     # row limit (`spark.sql.execution.arrow.maxRecordsPerBatch`, 10,000) still closes each batch, and the worker
     # holds all of its task's batches anyway, so the byte limit bounded nothing the task's data does not.
     conf.setdefault("spark.sql.execution.arrow.maxBytesPerBatch", ARROW_BATCH_BYTES_UNBOUNDED)
