@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .process import TestbedError, cache_dir
+from .process import SHORT_LIVED_JIT, TestbedError, cache_dir, scratch_env
 
 
 def _jvm_library() -> Path:
@@ -62,8 +62,6 @@ def ensure_spark_archive(timeout: float = 600) -> Path:
             return path
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
-        from .process import SHORT_LIVED_JIT, scratch_env
-
         scratch = path.parent / "spark-cds-scratch"
         env = {**os.environ, **scratch_env(scratch)}
         env["SPARK_SUBMIT_OPTS"] += f" {SHORT_LIVED_JIT} -XX:ArchiveClassesAtExit={tmp}"
