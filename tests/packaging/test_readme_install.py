@@ -16,7 +16,7 @@ SET_LINE = re.compile(r"^\s*--set 'watchNamespaces=\{data\}'.*$", re.M)
 
 def readme_install_block() -> str:
     text = (REPO / "README.md").read_text()
-    section = text[text.index("## Installing with Helm"):]
+    section = text[text.index("## Quick start: the operator"):]
     start = section.index("```\n") + 4
     return section[start:section.index("\n```", start)] + "\n"
 
