@@ -42,6 +42,9 @@ def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 60
+    # a deletion waits for the refresh timer to exit, re-checked every cancellation_polling seconds: kopf's 60 s
+    # default held each `kubectl delete` a minute after its cleanup had finished
+    settings.background.cancellation_polling = 1.0
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=f"kopf.{GROUP}")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=f"kopf.{GROUP}")
 
