@@ -107,19 +107,26 @@ def apply_configmap(cm: dict[str, Any]) -> str:
 
 
 def apply_app(app: dict[str, Any]) -> str:
-    """Creates the SparkApplication, or patches it only when the spec hash changed."""
+    """Creates the SparkApplication, or replaces its spec whole when the spec hash changed: a merge patch would
+    keep every key render() no longer gives (a removed sparkConf key, deps entry or coreRequest). The
+    replace carries the read's resourceVersion, so a concurrent writer makes it fail and be retried, never lost;
+    labels and annotations others set are kept beside ours."""
     api = client.CustomObjectsApi()
     ns, name = app["metadata"]["namespace"], app["metadata"]["name"]
     current = get_app(ns, name)
     if current is None:
         api.create_namespaced_custom_object(*SPARK[:2], ns, SPARK[2], app)
         return "created"
-    if (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == app["metadata"]["annotations"][
-            HASH_ANNOTATION]:
+    meta = current["metadata"]
+    if (meta.get("annotations") or {}).get(HASH_ANNOTATION) == app["metadata"]["annotations"][HASH_ANNOTATION]:
         return "unchanged"
-    api.patch_namespaced_custom_object(*SPARK[:2], ns, SPARK[2], name,
-                                       {"metadata": {"annotations": app["metadata"]["annotations"]},
-                                        "spec": app["spec"]})
+    ours = app["metadata"]
+    body = {**app, "metadata": {
+        "name": name, "namespace": ns, "resourceVersion": meta["resourceVersion"],
+        "labels": {**(meta.get("labels") or {}), **(ours.get("labels") or {})},
+        "annotations": {**(meta.get("annotations") or {}), **ours["annotations"]},
+        "ownerReferences": ours.get("ownerReferences", meta.get("ownerReferences", []))}}
+    api.replace_namespaced_custom_object(*SPARK[:2], ns, SPARK[2], name, body)
     return "patched"
 
 

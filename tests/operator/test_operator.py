@@ -84,6 +84,24 @@ def test_apply_creates_app_and_configmap_then_patches_only_on_material_change(si
     assert patched["spec"]["sparkConf"]["spark.speculation"] == "false"
 
 
+def test_a_setting_removed_from_the_sink_is_gone_from_its_sparkapplication(sink):
+    """The SparkApplication holds what render() gives: a merge patch kept every key it did not mention, so a
+    removed sparkConf key, deps entry, coreRequest or service account stayed in force."""
+    spark = {"sparkConf": {"spark.chsink.test.kept": "1", "spark.chsink.test.removed": "2"},
+             "deps": {"jars": ["local:///opt/extra.jar"]}, "serviceAccount": "custom-driver",
+             "driver": {"coreRequest": "500m"}}
+    sink["apply"](spark=spark)
+    app = wait_for("app", lambda: (a := app_of(sink)) and "spark.chsink.test.removed" in a["spec"]["sparkConf"] and a)
+    assert app["spec"]["deps"]["jars"] == ["local:///opt/extra.jar"] and app["spec"]["driver"]["coreRequest"] == "500m"
+    sink["apply"](spark={"sparkConf": {"spark.chsink.test.kept": "1"}})
+    app = wait_for("patched", lambda: (a := app_of(sink)) and a["spec"]["sparkConf"].get("spark.chsink.test.kept")
+                   and "spark.chsink.test.removed" not in a["spec"]["sparkConf"] and a, timeout=20)
+    assert "jars" not in app["spec"].get("deps", {}), app["spec"].get("deps")
+    assert "coreRequest" not in app["spec"]["driver"], app["spec"]["driver"]
+    assert app["spec"]["driver"].get("serviceAccount") != "custom-driver", app["spec"]["driver"]
+    assert app["metadata"]["ownerReferences"][0]["kind"] == "ClickHouseSink"
+
+
 def test_pause_resume_stop(sink):
     sink["apply"]()
     wait_for("app", lambda: app_of(sink))

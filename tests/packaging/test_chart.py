@@ -130,7 +130,7 @@ ALLOWED = [
     ("watch", "clickhousesinks.chsink.io"), ("patch", "clickhousesinks.chsink.io"),
     ("patch", "clickhousesinks.chsink.io/status"), ("create", "sinkstatuses.chsink.io"),
     ("patch", "sinkstatuses.chsink.io"), ("create", "sparkapplications.sparkoperator.k8s.io"),
-    ("patch", "sparkapplications.sparkoperator.k8s.io"), ("delete", "sparkapplications.sparkoperator.k8s.io"),
+    ("update", "sparkapplications.sparkoperator.k8s.io"), ("delete", "sparkapplications.sparkoperator.k8s.io"),
     ("create", "configmaps"), ("patch", "configmaps"), ("create", "events"),
 ]
 DENIED = [

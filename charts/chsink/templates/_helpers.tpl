@@ -52,10 +52,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [chsink.io]
   resources: [sinkstatuses]
   verbs: [get, create, patch]
-# the SparkApplication it renders per sink; deleted on stop and by the finalizer
+# the SparkApplication it renders per sink: replaced whole when its spec changes, deleted on stop and by the finalizer
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
-  verbs: [get, create, patch, delete]
+  verbs: [get, create, update, delete]
 # the ConfigMap holding each job's config
 - apiGroups: [""]
   resources: [configmaps]
