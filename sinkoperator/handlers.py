@@ -14,7 +14,7 @@ import kopf
 
 from sparkapp.config import ConfigError
 
-from . import cleanup, kube, metrics, problems
+from . import cleanup, kube, leader, metrics, problems
 from . import reconcile as reconciler
 from . import status as recorder
 from .lifecycle import Observed, Problem
@@ -28,12 +28,7 @@ RETRY_DELAY = float(os.environ.get("CHSINK_RETRY_DELAY", "10"))
 @kopf.on.login()
 def login(**kwargs: Any) -> Any:
     """In-cluster service account, else $KUBECONFIG read now (the client library reads it at import)."""
-    from kubernetes import config
-
-    try:  # the actions use the kubernetes client's default configuration
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+    kube.load_config()  # the actions use the kubernetes client's default configuration
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
@@ -41,6 +36,9 @@ def login(**kwargs: Any) -> Any:
 def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = logging.INFO
+    # only the Events we post (one Warning per problem, one Normal on recovery): kopf's own log lines
+    # ("Handler 'reconcile' failed temporarily" on each retry, "Handler succeeded" on each change) stay in the log
+    settings.posting.loggers = False
     settings.watching.server_timeout = 60
     # a deletion waits for the refresh timer to exit, re-checked every cancellation_polling seconds: kopf's 60 s
     # default held each `kubectl delete` a minute after its cleanup had finished
@@ -53,6 +51,7 @@ def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def reconcile(*, namespace: Any, name: Any, **_: Any) -> dict[str, str]:
+    leader.fence()
     out = reconciler.reconcile(namespace, name)
     if out is not None and out.problem is not None:
         if out.problem.permanent:
@@ -67,11 +66,13 @@ def refresh(*, namespace: Any, name: Any, meta: Any, **_: Any) -> None:
     """The job's state, lag and stalls, and a retry of whatever failed; its findings are in the status."""
     if meta.get("deletionTimestamp"):
         return
+    leader.fence()
     reconciler.reconcile(namespace, name)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, status: Any, **_: Any) -> None:
+    leader.fence()
     try:
         sink = SinkSpec.parse(spec, name)
     except ConfigError as e:

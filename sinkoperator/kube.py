@@ -5,6 +5,7 @@ Status is written by status.py alone."""
 from __future__ import annotations
 
 import base64
+import os
 import time
 from typing import Any
 
@@ -21,6 +22,16 @@ class SparkOperatorMissingError(Exception):
     def __init__(self) -> None:
         super().__init__(f"the SparkApplication API ({SPARK[0]}/{SPARK[1]}) is not installed: install the "
                          "spark-operator (its CRDs), then the sink is deployed")
+
+
+def load_config() -> None:
+    """In-cluster service account, else $KUBECONFIG read now (the client library reads it at import)."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
 
 
 def _api_missing(e: ApiException) -> bool:

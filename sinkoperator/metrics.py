@@ -31,3 +31,6 @@ STALLED = Gauge("chsink_operator_stalled_partitions",
 
 def stalled(namespace: str, name: str, per_shard: dict[str, int]) -> None:
     set_per_shard(STALLED, (namespace, name), per_shard)
+
+
+LEADER = Gauge("chsink_operator_leader", "1 on the replica that holds the leader Lease and acts, 0 on a standby")

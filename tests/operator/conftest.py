@@ -29,10 +29,9 @@ def chsink_crds(kube):
 
 
 @contextlib.contextmanager
-def kopf_runner(kubeconfig: Path, namespace: str | None, peering: str | None = None,
-                env: dict[str, str] | None = None) -> Iterator[Any]:
+def kopf_runner(kubeconfig: Path, namespace: str | None, env: dict[str, str] | None = None) -> Iterator[Any]:
     """The operator in-process (KopfRunner) against a kubeconfig, scoped to one namespace (None: the whole
-    cluster), standalone or in a kopf peering, with the install's environment."""
+    cluster), with the install's environment (one replica: the Lease election is test_leader.py's)."""
     from kopf.testing import KopfRunner
 
     extra = {"KUBECONFIG": str(kubeconfig), "CHSINK_STATUS_INTERVAL": "2", **(env or {})}
@@ -40,7 +39,7 @@ def kopf_runner(kubeconfig: Path, namespace: str | None, peering: str | None = N
     os.environ.update(extra)
     scope = [f"--namespace={namespace}"] if namespace else ["--all-namespaces"]
     try:
-        with KopfRunner(["run", f"--peering={peering}" if peering else "--standalone", *scope,
+        with KopfRunner(["run", "--standalone", *scope,
                          "-m", "sinkoperator.handlers"], timeout=120) as runner:
             yield runner
     finally:

@@ -1,6 +1,7 @@
-"""The chart installed cluster-wide with peering (examples/helm/ha-monitoring.yaml, applied for real): the
-operator runs as the chart's ServiceAccount, in the chart's kopf peering, with the Deployment's environment,
-and serves a sink in a namespace the install never heard of, giving it the Spark driver's identity."""
+"""The chart installed cluster-wide for HA (examples/helm/ha-monitoring.yaml, applied for real): the operator
+runs as the chart's ServiceAccount with the Deployment's environment, may hold its Lease and no other, and
+serves a sink in a namespace the install never heard of, giving it the Spark driver's identity. Two replicas
+electing one are tests/operator/test_leader.py."""
 
 from __future__ import annotations
 
@@ -28,20 +29,20 @@ def wide_install(chsink_crds, ch_factory, tmp_path_factory):
     docs = template(RELEASE, VALUES)
     kube.kubectl("apply", "--server-side", "-f", "-",
                  input=yaml.safe_dump_all([d for d in docs if d["kind"] == "CustomResourceDefinition"]))
-    kube.api.wait_crd("clusterkopfpeerings.kopf.dev")
+    kube.api.wait_crd("clickhousesinks.chsink.io")
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(
         [d for d in docs if d["kind"] not in ("CustomResourceDefinition", "Deployment", "ServiceMonitor")]))
     [dep] = [d for d in docs if d["kind"] == "Deployment"]
     [container] = dep["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("CHSINK_")}
-    [peering] = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--peering=")]
+    kube.lease = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--leader-election=")]
     sa = f"{RELEASE}-chsink"
     token = kube.kubectl("create", "token", sa, "-n", NS, "--duration=1h").stdout.strip()
     kubeconfig = tmp_path_factory.mktemp("wide") / "kubeconfig"
     kubeconfig.write_text(kube.api.kubeconfig_text(token, sa))
     kube.kubectl("create", "namespace", SINK_NS, check=False)
     ch_factory()
-    with kopf_runner(kubeconfig, None, peering=peering, env=env) as runner:
+    with kopf_runner(kubeconfig, None, env=env) as runner:
         kube.runner = runner
         yield kube
     assert not re.search(r"(?<![,\d])403(?!\d)", runner.output) and "Forbidden" not in runner.output, \
@@ -64,11 +65,7 @@ def test_cluster_wide_peered_operator_serves_a_new_namespace_with_the_driver_ide
                    "exactlyOnce": {"engine": "KeeperMap", "keeperPath": f"/wide_{db}"},
                    "checkpointLocation": "/tmp/chsink-wide-checkpoint", "deletionPolicy": "Retain"}}
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
-    # not idle: the chart created the peering object kopf waits for, and this operator announced itself there
     app = wait_for("SparkApplication", lambda: get(kube, "sparkapplication", "chsink-wide"), timeout=90)
-    peers = wait_for("peer in ClusterKopfPeering",
-                     lambda: (get(kube, "clusterkopfpeering", "chsink", None) or {}).get("status"))
-    assert len(peers) == 1, peers
     # the driver's identity exists in the sink's namespace, and can do what a driver does there
     account = app["spec"]["driver"]["serviceAccount"]
     assert account == "chsink-spark"
@@ -88,6 +85,16 @@ def test_cluster_wide_peered_operator_serves_a_new_namespace_with_the_driver_ide
                        check=False)
     assert res.returncode == 0, kube.runner.output[-4000:]
     assert get(kube, "serviceaccount", account), "the driver's identity is the namespace's, kept for other sinks"
+
+
+def test_the_ha_install_may_hold_its_own_lease_and_no_other(wide_install):
+    sa = f"{RELEASE}-chsink"
+    assert wide_install.lease == [sa]
+    assert can_i(wide_install, sa, "create", "leases.coordination.k8s.io", NS)
+    for verb in ("get", "update"):
+        assert can_i(wide_install, sa, verb, f"leases.coordination.k8s.io/{sa}", NS)
+        assert not can_i(wide_install, sa, verb, "leases.coordination.k8s.io/kube-scheduler", NS)
+    assert not can_i(wide_install, sa, "get", f"leases.coordination.k8s.io/{sa}", "kube-system")
 
 
 def test_cluster_wide_operator_may_bind_only_the_driver_role(wide_install):

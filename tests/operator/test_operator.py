@@ -253,3 +253,29 @@ def test_entry_point_serves_liveness(chsink_crds, tmp_path):
         proc.wait(30)
     out = (tmp_path / "op.log").read_text()
     assert "[INFO" in out and "[DEBUG" not in out, out[-2000:]  # the default level is INFO, no object bodies
+
+
+def test_json_logs_are_one_object_per_line(chsink_crds, tmp_path):
+    """`logFormat: json` (the chart's --log-format=json): a log pipeline parses every line, the election's too."""
+    import os
+    import subprocess
+
+    from hack.testbed import free_port
+    from hack.testbed.process import REPO
+
+    env = dict(os.environ, KUBECONFIG=str(chsink_crds.kubeconfig), PYTHONWARNINGS="ignore", POD_NAME="json-1")
+    log = tmp_path / "op.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sinkoperator", "--namespace", "nowhere", "--log-format=json",
+                                 "--leader-election=json-logs", "--lease-namespace=default",
+                                 f"--liveness=http://127.0.0.1:{free_port()}/healthz"],
+                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for("kopf started", lambda: "Initial authentication has finished" in log.read_text(), timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert any("acquired the Lease" in line["message"] for line in lines), lines
+    assert all(line.get("severity") in ("info", "warning", "debug", "error") for line in lines), lines
+    assert any("released the Lease" in line["message"] for line in lines), lines

@@ -131,6 +131,17 @@ def test_a_clickhouse_outage_during_a_spec_change_is_retried_never_invalid(hsink
     wait_for("not degraded", lambda: condition(s, "Degraded").get("status") == "False", timeout=30)
     assert time.monotonic() - t0 < 30
     show(s, "ClickHouse back (after)")
+    # every Event of the sink through the outage, kopf's own included: one Warning, one Normal on recovery,
+    # and no per-retry ("Handler 'reconcile' failed temporarily") or per-success ("Handler succeeded") ones
+    seen = all_events(s)
+    assert [e for e in seen if e[0] == "Warning"] == [("Warning", "ClickHouseUnavailable", 1)], seen
+    assert ("Normal", "Recovered", 1) in seen and not [e for e in seen if e[1] == "Logging"], seen
+
+
+def all_events(s) -> list[tuple[str, str, int]]:
+    """(type, reason, count) of every Event posted for the sink, oldest first."""
+    out = s["kube"].kubectl("get", "events", "-o", "json", "--field-selector", f"involvedObject.name={s['name']}").stdout
+    return [(e["type"], e["reason"], int(e.get("count") or 1)) for e in events_oldest_first(json.loads(out)["items"])]
 
 
 def test_a_clickhouse_that_hangs_holds_the_sink_for_seconds_not_its_request_timeout(hsink):

@@ -4,7 +4,9 @@ least-privilege RBAC checked with `kubectl auth can-i` as the chart's own Servic
 from __future__ import annotations
 
 import filecmp
+import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,7 +59,7 @@ def test_helm_lint_and_template(values):
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
     assert env["CHSINK_SPARK_IMAGE"] and env["CHSINK_SPARK_VERSION"] == "4.0.0"
 
 
@@ -189,3 +191,55 @@ def test_cluster_wide_install_uses_a_cluster_role(kube):
     assert not can_i(kube, "wide-chsink", "list", "secrets", "anywhere")
     assert not can_i(kube, "wide-chsink", "delete", "secrets", "anywhere")
     assert not can_i(kube, "wide-chsink", "delete", "namespaces", None)
+
+
+def _walk_schema(node: dict, path: str = "") -> Iterator[tuple[str, dict]]:
+    for key, sub in node.get("properties", {}).items():
+        yield f"{path}{key}", sub
+        yield from _walk_schema(sub, f"{path}{key}.")
+
+
+def test_every_value_is_described_in_the_schema():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert [p for p, node in _walk_schema(schema) if not node.get("description")] == []
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) == set(schema["properties"]), "values.yaml and values.schema.json list other keys"
+
+
+def test_two_replicas_elect_one_through_a_lease_and_a_drain_keeps_one():
+    docs = template("ha", REPO / "examples" / "helm" / "ha-monitoring.yaml")
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    [c] = dep["spec"]["template"]["spec"]["containers"]
+    assert "--leader-election=ha-chsink" in c["args"] and "--log-format=json" in c["args"]
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e} == \
+        {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    [pdb] = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    [role] = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "ha-chsink-leader"]
+    assert role["metadata"]["namespace"] == NS and role["rules"][1]["resourceNames"] == ["ha-chsink"]
+    single = template("one", sets=("leaderElection.enabled=false", "replicaCount=3"))
+    [dep] = [d for d in single if d["kind"] == "Deployment"]
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert not [d for d in single if d["kind"] == "PodDisruptionBudget"]
+
+
+def test_extra_env_and_args_reach_the_operator(tmp_path):
+    values = tmp_path / "extra.yaml"
+    values.write_text('extraEnv: [{name: CHSINK_STALL_SECONDS, value: "120"}]\nextraArgs: [--log-level=debug]\n')
+    docs = template("x", values)
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    [c] = dep["spec"]["template"]["spec"]["containers"]
+    assert {"name": "CHSINK_STALL_SECONDS", "value": "120"} in c["env"] and c["args"][-1] == "--log-level=debug"
+
+
+def test_two_releases_named_alike_in_two_namespaces_do_not_collide_with_an_override():
+    """Cluster-scoped objects carry the release's name only: the second release needs fullnameOverride."""
+    def cluster_scoped(*sets: str) -> set[str]:
+        return {f"{d['kind']}/{d['metadata']['name']}" for d in template("chsink", sets=sets)
+                if d["kind"] in ("ClusterRole", "ClusterRoleBinding")}
+
+    first, same, other = cluster_scoped(), cluster_scoped(), cluster_scoped("fullnameOverride=chsink-team-b")
+    assert first == same and first and not first & other, (first, other)
+    assert cluster_scoped("nameOverride=ops") == {n.replace("chsink", "chsink-ops", 1) for n in first}
