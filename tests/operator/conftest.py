@@ -5,6 +5,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hack.testbed.process import REPO
+from hack.testbed.process import REPO, free_port
 from sparkapp.config import Engine
 from sparkapp.edges.store import StateStore
 
@@ -49,6 +53,37 @@ def kopf_runner(kubeconfig: Path, namespace: str | None, env: dict[str, str] | N
             else:
                 os.environ[k] = v
     assert runner.exception is None or isinstance(runner.exception, SystemExit), runner.output[-3000:]
+
+
+class OperatorProcess:
+    """`python -m sinkoperator` as the chart's container runs it: a real process, its output in `log`."""
+
+    def __init__(self, kubeconfig: Path, log: Path, *args: str, identity: str = "") -> None:
+        self.identity, self.port, self.log = identity, free_port(), log
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": identity, "CHSINK_STATUS_INTERVAL": "2",
+               "CHSINK_RETRY_DELAY": "2", "PYTHONWARNINGS": "ignore"}
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sinkoperator", f"--liveness=http://127.0.0.1:{self.port}/healthz", *args],
+                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def output(self, since: int = 0) -> str:
+        return self.log.read_text(errors="replace")[since:]
+
+    def probe(self) -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=5) as r:
+            return int(r.status)
+
+    def stop(self) -> None:
+        """SIGTERM, as the kubelet stops a pod (a stopped one is woken first); SIGKILL after 30 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")

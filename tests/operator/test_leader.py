@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from hack.testbed.process import REPO, free_port
 from sinkoperator.leader import Timing
 
+from .conftest import OperatorProcess
 from .test_operator import wait_for
 
 NS = "ha-lease"
@@ -28,32 +26,6 @@ LEASE = "chsink"
 # a standby takes a dead holder's Lease within Timing().takeover_bound (17 s); kopf then starts, lists the sinks
 # and resumes them: docs/operator.md gives 30 s from the holder's death to a pending change applied
 TAKEOVER_DOCUMENTED = 30.0
-
-
-class Replica:
-    def __init__(self, identity: str, kubeconfig: Path, log_dir: Path) -> None:
-        self.identity, self.port = identity, free_port()
-        self.log = log_dir / f"{identity}.log"
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": identity, "CHSINK_STATUS_INTERVAL": "2",
-               "CHSINK_RETRY_DELAY": "2", "PYTHONWARNINGS": "ignore"}
-        with self.log.open("w") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sinkoperator", f"--namespace={NS}", f"--leader-election={LEASE}",
-                 f"--lease-namespace={NS}", f"--liveness=http://127.0.0.1:{self.port}/healthz"],
-                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    def output(self, since: int = 0) -> str:
-        return self.log.read_text(errors="replace")[since:]
-
-    def probe(self) -> int:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=5) as r:
-            return int(r.status)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def handled(text: str) -> list[str]:
@@ -65,16 +37,18 @@ class Replicas:
     """The module's operator processes; they outlive a test, as replicas of one Deployment would."""
 
     def __init__(self, kube: Any, logs: Path) -> None:
-        self.kube, self.logs, self.started = kube, logs, []  # type: list[Replica]
+        self.kube, self.logs, self.started = kube, logs, []  # type: list[OperatorProcess]
 
-    def start(self, identity: str) -> Replica:
-        self.started.append(Replica(identity, self.kube.kubeconfig, self.logs))
+    def start(self, identity: str) -> OperatorProcess:
+        self.started.append(OperatorProcess(self.kube.kubeconfig, self.logs / f"{identity}.log", f"--namespace={NS}",
+                                            f"--leader-election={LEASE}", f"--lease-namespace={NS}",
+                                            identity=identity))
         return self.started[-1]
 
-    def alive(self) -> list[Replica]:
+    def alive(self) -> list[OperatorProcess]:
         return [r for r in self.started if r.proc.poll() is None]
 
-    def holder(self) -> Replica:
+    def holder(self) -> OperatorProcess:
         [r] = [r for r in self.alive() if r.identity == lease(self.kube).get("holderIdentity")]
         return r
 
@@ -102,6 +76,15 @@ def sink_cr(name: str, kafka: Any, src: str, server: Any, db: str, tmp: Path, **
                  "checkpointLocation": str(tmp / "ckpt"), "deletionPolicy": "Retain", "spark": spark}})
 
 
+def target(server: Any, db: str) -> None:
+    """The sink's database and table on the real ClickHouse server."""
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(dsn=server.dsn)
+    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+    client.command(f"CREATE TABLE IF NOT EXISTS {db}.events (id UInt64) ENGINE = MergeTree ORDER BY id")
+
+
 def app_conf(kube: Any, name: str) -> dict[str, str]:
     res = kube.kubectl("get", "sparkapplication", f"chsink-{name}", "-n", NS, "-o", "json", check=False)
     return dict(json.loads(res.stdout)["spec"].get("sparkConf") or {}) if res.returncode == 0 else {}
@@ -109,13 +92,9 @@ def app_conf(kube: Any, name: str) -> dict[str, str]:
 
 def test_one_replica_acts_and_a_standby_takes_over_a_killed_holder_within_the_bound(
         replicas, kafka, topic, clickhouse_server, tmp_path):
-    import clickhouse_connect
-
     kube = replicas.kube
     db = f"lease_{os.getpid()}"
-    client = clickhouse_connect.get_client(dsn=clickhouse_server.dsn)
-    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
-    client.command(f"CREATE TABLE IF NOT EXISTS {db}.events (id UInt64) ENGINE = MergeTree ORDER BY id")
+    target(clickhouse_server, db)
     a = replicas.start("replica-a")
     wait_for("replica-a holds the Lease", lambda: lease(kube).get("holderIdentity") == "replica-a", timeout=60)
     b = replicas.start("replica-b")
@@ -148,13 +127,9 @@ def test_a_paused_holder_stops_when_it_wakes_instead_of_acting_next_to_the_new_o
         replicas, kafka, topic, clickhouse_server, tmp_path):
     """A stale writer: the holder is stopped (SIGSTOP) past the Lease's duration, a standby takes over and acts,
     then the old holder resumes with its watches and timers due. It must exit without running a handler."""
-    import clickhouse_connect
-
     kube = replicas.kube
     db = f"lease2_{os.getpid()}"
-    client = clickhouse_connect.get_client(dsn=clickhouse_server.dsn)
-    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
-    client.command(f"CREATE TABLE IF NOT EXISTS {db}.events (id UInt64) ENGINE = MergeTree ORDER BY id")
+    target(clickhouse_server, db)
     for identity in ("replica-c", "replica-d")[:max(0, 2 - len(replicas.alive()))]:  # a holder and a standby
         replicas.start(identity)
     stale = wait_for("a live holder", replicas.holder, timeout=60)

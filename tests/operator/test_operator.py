@@ -17,6 +17,8 @@ from kazoo.client import KazooClient
 from sparkapp.core.state_machine import OffsetRange
 from sparkapp.edges.store import PartitionKey
 
+from .conftest import OperatorProcess
+
 _seq = itertools.count()
 
 
@@ -230,52 +232,31 @@ def test_restart_nonce_forces_a_patch(sink):
 
 
 def test_entry_point_serves_liveness(chsink_crds, tmp_path):
-    import os
-    import subprocess
     import urllib.request
 
     from hack.testbed import free_port
-    from hack.testbed.process import REPO
 
-    port, mport = free_port(), free_port()
-    env = dict(os.environ, KUBECONFIG=str(chsink_crds.kubeconfig))
-    with open(tmp_path / "op.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "sinkoperator", "--namespace", "nowhere",
-                                 f"--liveness=http://127.0.0.1:{port}/healthz", f"--metrics-port={mport}"],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    mport = free_port()
+    op = OperatorProcess(chsink_crds.kubeconfig, tmp_path / "op.log", "--namespace=nowhere", f"--metrics-port={mport}")
     try:
-        wait_for("liveness", lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status
-                 == 200, timeout=60)
+        wait_for("liveness", lambda: op.probe() == 200, timeout=60)
         text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
         assert "chsink_operator_reconcile_total" in text and "chsink_operator_sinks" in text
     finally:
-        proc.terminate()
-        proc.wait(30)
-    out = (tmp_path / "op.log").read_text()
+        op.stop()
+    out = op.output()
     assert "[INFO" in out and "[DEBUG" not in out, out[-2000:]  # the default level is INFO, no object bodies
 
 
 def test_json_logs_are_one_object_per_line(chsink_crds, tmp_path):
     """`logFormat: json` (the chart's --log-format=json): a log pipeline parses every line, the election's too."""
-    import os
-    import subprocess
-
-    from hack.testbed import free_port
-    from hack.testbed.process import REPO
-
-    env = dict(os.environ, KUBECONFIG=str(chsink_crds.kubeconfig), PYTHONWARNINGS="ignore", POD_NAME="json-1")
-    log = tmp_path / "op.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sinkoperator", "--namespace", "nowhere", "--log-format=json",
-                                 "--leader-election=json-logs", "--lease-namespace=default",
-                                 f"--liveness=http://127.0.0.1:{free_port()}/healthz"],
-                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    op = OperatorProcess(chsink_crds.kubeconfig, tmp_path / "op.log", "--namespace=nowhere", "--log-format=json",
+                         "--leader-election=json-logs", "--lease-namespace=default", identity="json-1")
     try:
-        wait_for("kopf started", lambda: "Initial authentication has finished" in log.read_text(), timeout=60)
+        wait_for("kopf started", lambda: "Initial authentication has finished" in op.output(), timeout=60)
     finally:
-        proc.terminate()
-        proc.wait(30)
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
+        op.stop()
+    lines = [json.loads(line) for line in op.output().splitlines()]
     assert any("acquired the Lease" in line["message"] for line in lines), lines
     assert all(line.get("severity") in ("info", "warning", "debug", "error") for line in lines), lines
     assert any("released the Lease" in line["message"] for line in lines), lines
