@@ -8,7 +8,8 @@ took 5 s of the JVM's CPU instead of 11-15. What the job does is the same; only 
 changes.
 
 The JVM refuses an archive whose class path or JDK differ from the ones it was dumped with (it warns and goes on
-without it), so the archive is keyed by both: pyspark's install path and version, and the JVM's own library.
+without it), so the archive is keyed by both: pyspark's install path, version and its jars' mtimes, and the JVM's
+own library.
 Usage: `python -m hack.testbed.cds` makes it once (hack/provision.sh `spark-cds`); `--workload` is the run it is
 dumped from.
 """
@@ -40,7 +41,10 @@ def spark_archive() -> Path:
 
     lib = _jvm_library()
     stat = lib.stat() if lib.exists() else None
-    key = f"{Path(pyspark.__file__).parent}|{lib}|{stat and (stat.st_size, stat.st_mtime_ns)}"
+    # the JVM refuses an archive whose classpath jars changed since the dump, silently: a venv installed again
+    # at the same path (a second clean clone) gets jars with other mtimes, so they are in the key too
+    jars = max((j.stat().st_mtime_ns for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")), default=0)
+    key = f"{Path(pyspark.__file__).parent}|{jars}|{lib}|{stat and (stat.st_size, stat.st_mtime_ns)}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_dir() / f"spark-cds-{pyspark.__version__}-{digest}.jsa"
 
