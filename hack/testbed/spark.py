@@ -16,8 +16,13 @@ def connector_jars() -> list[str]:
 def spark_session(app: str = "chsink-tests", master: str = "local[2]") -> Any:
     from pyspark.sql import SparkSession
 
+    from sparkapp.spark.session import local_driver_conf
+
+    builder = SparkSession.builder.master(master).appName(app)
+    for k, v in local_driver_conf(master, {}).items():  # the job's own rule: the node tests' bridge comes and goes
+        builder = builder.config(k, v)
     return (
-        SparkSession.builder.master(master).appName(app)
+        builder
         .config("spark.jars", ",".join(connector_jars()))
         .config("spark.ui.enabled", "false")
         .config("spark.speculation", "false")

@@ -81,12 +81,25 @@ def is_local_path(location: str, default_fs: str) -> bool:
     return (scheme(location) or scheme(default_fs) or "file") == "file"
 
 
+# A local-mode driver's executors are threads of its own JVM: nothing dials it from elsewhere. Left to choose, Spark
+# takes the last non-loopback interface's address when the host name resolves to loopback, and one that goes away
+# before the bind (a CNI bridge, a VPN link) fails the start: "Cannot assign requested address ... after 16 retries".
+LOCAL_DRIVER_ADDRESS = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+
+
+def local_driver_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
+    """`conf` with LOCAL_DRIVER_ADDRESS under it when `master` is local; `conf` wins where it sets either."""
+    return {**LOCAL_DRIVER_ADDRESS, **conf} if master.startswith("local") else conf
+
+
 def build_session(cfg: SinkConfig, conf: dict[str, str]) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"chsink-{cfg.name}")
-    if not os.environ.get("SPARK_ENV_LOADED") and "spark.master" not in conf:
-        builder = builder.master(os.environ.get("CHSINK_SPARK_MASTER", "local[2]"))
+    if not os.environ.get("SPARK_ENV_LOADED"):  # not launched by spark-submit: this process picks the master
+        master = conf.get("spark.master") or os.environ.get("CHSINK_SPARK_MASTER", "local[2]")
+        builder = builder.master(master)
+        conf = local_driver_conf(master, conf)
     for k, v in conf.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()

@@ -51,3 +51,25 @@ def test_the_tests_drivers_load_sparks_classes_from_the_test_beds_archive(tmp_pa
     shared = [line for line in loaded if line.endswith("source: shared objects file (top)")]
     assert len(shared) > 0.9 * len(loaded) > 500, (len(shared), len(loaded), loaded[:3])
     assert "SharedArchiveFile" not in scratch_env(tmp_path)["SPARK_SUBMIT_OPTS"]
+
+
+def test_a_local_jobs_driver_binds_loopback_not_an_interface_that_may_go_away(tmp_path):
+    """The job's local driver takes 127.0.0.1 even though this host has other interfaces: Spark's own choice was the
+    last non-loopback one, the node tests' CNI bridge while it existed, and a job started as it was removed failed
+    ("Cannot assign requested address: Service 'sparkDriver' failed after 16 retries")."""
+    import os
+    import subprocess
+    import sys
+
+    from hack.testbed.process import REPO, scratch_env
+
+    code = ("from sparkapp.spark.session import build_session\n"
+            "from types import SimpleNamespace\n"
+            "s = build_session(SimpleNamespace(name='bind'), {'spark.ui.enabled': 'false'})\n"
+            "c = s.sparkContext.getConf()\n"
+            "print(c.get('spark.driver.host'), c.get('spark.driver.bindAddress'))\n"
+            "s.stop()\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, **scratch_env(tmp_path, short_lived=True)}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["127.0.0.1", "127.0.0.1"], out.stdout
