@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Two targets: `operator` (slim Python, non-root) and `sparkapp` (a Spark image matching pyspark, with the
-# spark-sql-kafka jars baked in). Build: docker build --target sparkapp -t chsink-spark .
+# spark-sql-kafka and S3A jars baked in). Build: docker build --target sparkapp -t chsink-spark .
 # The bases are build args: the defaults are the official images; the test bed builds on its own local ones
 # (hack/images.sh), the same way.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -24,12 +24,15 @@ COPY sparkapp sparkapp
 COPY sinkoperator sinkoperator
 RUN uv build --wheel -o /dist/wheel
 
-# Spark's Kafka source and what it needs beyond Spark's own jars, straight from Maven Central.
+# Spark's Kafka source and what it needs beyond Spark's own jars, straight from Maven Central; and S3A for a
+# checkpoint on S3: hadoop-aws at the version of Spark's own Hadoop (hadoop-client-api 3.4.1) with the AWS SDK
+# bundle its POM names (hadoop-project 3.4.1: aws-java-sdk-v2.version 2.24.6; 558 MB, shaded, as Hadoop ships it).
 FROM ${PYTHON_IMAGE} AS jars
 WORKDIR /jars
 RUN python -c "import sys, urllib.request as u; [u.urlretrieve('https://repo.maven.apache.org/maven2/' + g.replace('.', '/') + f'/{a}/{v}/{a}-{v}.jar', f'{a}-{v}.jar') for g, a, v in (c.split(':') for c in sys.argv[1:])]" \
       org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0 org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0 \
-      org.apache.kafka:kafka-clients:3.9.0 org.apache.commons:commons-pool2:2.12.0
+      org.apache.kafka:kafka-clients:3.9.0 org.apache.commons:commons-pool2:2.12.0 \
+      org.apache.hadoop:hadoop-aws:3.4.1 software.amazon.awssdk:bundle:2.24.6
 
 # The operator never runs the writer: Spark, chdb and the Arrow stack (about 1.4 GB) stay out of its image.
 FROM ${PYTHON_IMAGE} AS operator

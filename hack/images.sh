@@ -17,10 +17,11 @@ CHDB_VERSION=4.4.0
 K8S_MOD=$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION
 
 # The key of the base images: what they are built from. The versions of parts no image holds (the benchmark's
-# peers, the tests' schema registry) are left out: a bump of one of them rebuilds nothing.
+# peers, the tests' schema registry, the node's S3 server, mounted from the cache) are left out: a bump of one of
+# them rebuilds nothing.
 base_key() {
   (cd "$here" && find images images.sh -type f | sort | xargs sha256sum
-   grep -vE '^(CLICKHOUSE_KAFKA_CONNECT|CLICKHOUSE_DRIVER|CLICKHOUSE_SINKER|APICURIO)_VERSION=|^#' versions.env
+   grep -vE '^(CLICKHOUSE_KAFKA_CONNECT|CLICKHOUSE_DRIVER|CLICKHOUSE_SINKER|APICURIO|S3PROXY)_VERSION=|^#' versions.env
    echo "$PYSPARK_VERSION $CHDB_VERSION") | sha256sum | cut -c1-12
 }
 

@@ -2,7 +2,7 @@
 # Provisions the real test bed: apt packages, Kafka jars, Spark connector jars, kube-apiserver,
 # kubectl, etcd and helm built from Go modules, and the upstream SparkApplication CRDs.
 # Idempotent: every part lands in ~/.cache/chsink/<part>-<version> and is skipped when present.
-# Usage: hack/provision.sh [all|early|late|demo|apt|java|kafka|spark|spark-cds|schema-registry|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator]...
+# Usage: hack/provision.sh [all|early|late|demo|apt|java|kafka|spark|spark-cds|schema-registry|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator|s3]...
 #   demo: only what `make demo` needs (a JRE, Kafka, Spark's Kafka connector); all: the whole test bed;
 #   cluster: the node (containerd, runc, CNI, kubelet and the rest, CoreDNS, the spark-operator, the images);
 #   early + late = all: what the first tests need (packages, jars), then the Go builds and images.
@@ -57,16 +57,33 @@ schema_registry() {
   step "apicurio registry $APICURIO_VERSION" "$dest" fetch_registry "$dest"
 }
 
+# maven_file PATH FILE: Maven Central's file at PATH (group/artifact/version/name), checked against its SHA-1
+maven_file() {
+  local url="https://repo.maven.apache.org/maven2/$1"
+  curl -fsSL --retry 3 -o "$2" "$url"
+  echo "$(curl -fsSL --retry 3 "$url.sha1")  $2" | sha1sum -c --quiet
+}
+
 fetch_registry() {
   local dest=$1 name="apicurio-registry-app-$APICURIO_VERSION-all.tar.gz"
-  local url="https://repo.maven.apache.org/maven2/io/apicurio/apicurio-registry-app/$APICURIO_VERSION/$name"
   local work; work=$(mktemp -d)
-  curl -fsSL --retry 3 -o "$work/$name" "$url"
-  echo "$(curl -fsSL --retry 3 "$url.sha1")  $work/$name" | sha1sum -c --quiet
+  maven_file "io/apicurio/apicurio-registry-app/$APICURIO_VERSION/$name" "$work/$name"
   mkdir -p "$work/app" && tar -xzf "$work/$name" -C "$work/app"
   [ -f "$work/app/quarkus-run.jar" ] || { log "no quarkus-run.jar in $name"; return 1; }
   mv "$work/app" "$dest"
   rm -rf "$work"
+}
+
+# The node's S3 server: S3Proxy's jar with its dependencies.
+s3_server() {
+  local dest="$CACHE/s3proxy-$S3PROXY_VERSION"
+  step "s3proxy $S3PROXY_VERSION" "$dest" fetch_s3proxy "$dest"
+}
+
+fetch_s3proxy() {
+  mkdir -p "$1.tmp"
+  maven_file "org/gaul/s3proxy/$S3PROXY_VERSION/s3proxy-$S3PROXY_VERSION-jar-with-dependencies.jar" "$1.tmp/s3proxy.jar"
+  mv "$1.tmp" "$1"
 }
 
 spark_jars() {
@@ -183,16 +200,21 @@ spark_operator() {
   step "spark-operator $SPARK_OPERATOR_VERSION (go build) and chart" "$dest" build_spark_operator
 }
 
+# The SparkApplication CRDs of the pinned spark-operator, and of the last one without spec.suspend.
 crds() {
-  local dest="$CACHE/spark-operator-crds-$SPARK_OPERATOR_VERSION"
-  fetch_crds() {
-    local dir; dir=$(module_dir "github.com/kubeflow/spark-operator/v2@$SPARK_OPERATOR_VERSION")
-    mkdir -p "$dest.tmp"
-    cp "$dir"/charts/spark-operator-chart/crds/sparkoperator.k8s.io_{sparkapplications,scheduledsparkapplications}.yaml "$dest.tmp/"
-    chmod 644 "$dest.tmp"/*.yaml
-    mv "$dest.tmp" "$dest"
-  }
-  step "SparkApplication CRDs $SPARK_OPERATOR_VERSION" "$dest" fetch_crds
+  local v
+  for v in "$SPARK_OPERATOR_VERSION" "$SPARK_OPERATOR_OLD_VERSION"; do
+    step "SparkApplication CRDs $v" "$CACHE/spark-operator-crds-$v" fetch_crds "$v"
+  done
+}
+
+fetch_crds() {
+  local v=$1 dest="$CACHE/spark-operator-crds-$1" dir
+  dir=$(module_dir "github.com/kubeflow/spark-operator/v2@$v")
+  mkdir -p "$dest.tmp"
+  cp "$dir"/charts/spark-operator-chart/crds/sparkoperator.k8s.io_{sparkapplications,scheduledsparkapplications}.yaml "$dest.tmp/"
+  chmod 644 "$dest.tmp"/*.yaml
+  mv "$dest.tmp" "$dest"
 }
 
 # A class-data-sharing archive of Spark's classes for the tests' drivers (hack/testbed/cds.py), keyed inside by the
@@ -209,10 +231,10 @@ parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(all)
 t_all=$SECONDS
 for p in "${parts[@]}"; do
   case $p in
-    all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; spark_cds; schema_registry; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
+    all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; spark_cds; schema_registry; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; s3_server; "$here/images.sh" base ;;
     early) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; spark_cds; schema_registry ;;
-    late) crds; etcd; k8s; helm; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
-    cluster) apt_install $NODE_APT; node_bins; coredns; spark_operator; "$here/images.sh" base ;;
+    late) crds; etcd; k8s; helm; node_bins; coredns; spark_operator; s3_server; "$here/images.sh" base ;;
+    cluster) apt_install $NODE_APT; node_bins; coredns; spark_operator; s3_server; "$here/images.sh" base ;;
     node) node_bins ;;
     coredns) coredns ;;
     spark-operator) spark_operator ;;
@@ -227,6 +249,7 @@ for p in "${parts[@]}"; do
     etcd) etcd ;;
     helm) helm ;;
     crds) crds ;;
+    s3) s3_server ;;
     *) echo "unknown part: $p" >&2; exit 2 ;;
   esac
 done

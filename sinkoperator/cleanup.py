@@ -37,8 +37,9 @@ def delete_checkpoint(location: str, sink: str) -> str:
     what happened, for the Event."""
     local = location.removeprefix("file://")
     path = Path(local)
-    if not local.startswith("/"):
-        return f"checkpoint {location} kept: the operator deletes local or mounted paths only"
+    if not local.startswith("/"):  # s3a://, hdfs://, gs://...: the operator has neither their clients nor keys
+        return (f"checkpoint {location} kept: the operator deletes local or mounted paths only; delete it with "
+                f"the storage's own tools")
     marker = path / CHECKPOINT_MARKER
     if not marker.is_file():
         return f"checkpoint {location} kept: it has no {CHECKPOINT_MARKER} file, so chsink did not create it"

@@ -5,14 +5,18 @@ Status is written by status.py alone."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from .podspec import SecretUse, env_secret_uses
 from .spec import GROUP, HASH_ANNOTATION, LOST_EXECUTOR_STATES, PLURAL, SPARK, VERSION
 
 
@@ -90,15 +94,76 @@ def app_state(app: dict[str, Any] | None) -> str:
 APP_POD_LABEL = f"{SPARK[0]}/app-name"
 
 
+@dataclass(frozen=True)
+class Exit:
+    """How a pod's Spark container ended, as the kubelet recorded it."""
+
+    code: int
+    message: str  # the container's termination message (the job writes its error's line there)
+    finished_at: str
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One pod of an application, as much of it as the operator decides on."""
+
+    name: str
+    role: str  # driver or executor (the spark-role label)
+    live: bool  # its containers may still run
+    config_maps: frozenset[str]  # the ConfigMaps its volumes mount
+    failed: Exit | None = None  # its Spark container exited with an error
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.role})"
+
+
+def app_pods(namespace: str, app_name: str) -> list[Pod]:
+    """The application's pods, driver first. A pod being deleted counts as live until it is gone: a suspended
+    or deleted application's driver finishes the batch it is in after SIGTERM, and its executors the inserts
+    they send."""
+    found = client.CoreV1Api().list_namespaced_pod(namespace, label_selector=f"{APP_POD_LABEL}={app_name}").items
+    pods = [Pod(str(p.metadata.name), (p.metadata.labels or {}).get("spark-role", "pod"),
+                (p.status.phase if p.status else None) not in ("Succeeded", "Failed"),
+                frozenset(str(v.config_map.name) for v in (p.spec.volumes if p.spec else None) or [] if v.config_map),
+                _failed(p.status))
+            for p in found if p.metadata is not None]
+    return sorted(pods, key=lambda p: (p.role != "driver", p.name))
+
+
+SPARK_CONTAINERS = ("spark-kubernetes-driver", "spark-kubernetes-executor")
+
+
+def _failed(status: Any) -> Exit | None:
+    for c in (status.container_statuses if status else None) or []:
+        ended = c.state.terminated if c.state else None
+        if c.name in SPARK_CONTAINERS and ended is not None and ended.exit_code:
+            at = ended.finished_at.isoformat() if ended.finished_at else ""
+            return Exit(int(ended.exit_code), str(ended.message or "").strip(), at)
+    return None
+
+
 def live_pods(namespace: str, app_name: str) -> list[str]:
-    """The application's pods whose containers may still run ("name (role)"), driver first. A pod being
-    deleted counts until it is gone: a suspended or deleted application's driver finishes the batch it is in
-    after SIGTERM, and its executors the inserts they send."""
-    pods = client.CoreV1Api().list_namespaced_pod(namespace, label_selector=f"{APP_POD_LABEL}={app_name}").items
-    live = [(p.metadata, p.status) for p in pods if p.metadata is not None]
-    roles = [((meta.labels or {}).get("spark-role", "pod"), str(meta.name)) for meta, st in live
-             if (st.phase if st else None) not in ("Succeeded", "Failed")]
-    return [f"{name} ({role})" for role, name in sorted(roles, key=lambda r: (r[0] != "driver", r[1]))]
+    """The application's pods whose containers may still run ("name (role)"), driver first."""
+    return [p.label for p in app_pods(namespace, app_name) if p.live]
+
+
+def spark_app_spec_fields() -> frozenset[str] | None:
+    """The fields the installed SparkApplication CRD's v1beta2 spec has (the API server prunes any other);
+    None when the CRD cannot be read (not installed, or the operator may not get it)."""
+    try:  # read raw: the client's models for a schema of 10,000 lines cost more than the check
+        resp = client.ApiextensionsV1Api().read_custom_resource_definition(f"{SPARK[2]}.{SPARK[0]}",
+                                                                          _preload_content=False)
+    except ApiException as e:
+        if e.status in (403, 404):
+            return None
+        raise
+    crd: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]  # the raw response
+    for v in crd.get("spec", {}).get("versions") or []:
+        if v.get("name") == SPARK[1]:
+            spec = v.get("schema", {}).get("openAPIV3Schema", {}).get("properties", {}).get("spec", {})
+            return frozenset(spec.get("properties") or ())
+    return None
 
 
 def apply_configmap(cm: dict[str, Any]) -> str:
@@ -111,10 +176,23 @@ def apply_configmap(cm: dict[str, Any]) -> str:
             raise
         core.create_namespaced_config_map(ns, cm)  # type: ignore[arg-type]
         return "created"
-    if (current.data or {}) == cm["data"]:
+    ours = cm["metadata"].get("annotations") or {}
+    if (current.data or {}) == cm["data"] and all(
+            ((current.metadata and current.metadata.annotations) or {}).get(k) == v for k, v in ours.items()):
         return "unchanged"
-    core.patch_namespaced_config_map(name, ns, {"data": cm["data"]})
+    core.patch_namespaced_config_map(name, ns, {"metadata": {"annotations": ours}, "data": cm["data"]})
     return "patched"
+
+
+def configmap_annotations(namespace: str, name: str) -> dict[str, str]:
+    """A ConfigMap's annotations ({} when it does not exist)."""
+    try:
+        meta = client.CoreV1Api().read_namespaced_config_map(name, namespace).metadata
+        return dict((meta and meta.annotations) or {})
+    except ApiException as e:
+        if e.status == 404:
+            return {}
+        raise
 
 
 def apply_app(app: dict[str, Any]) -> str:
@@ -193,28 +271,46 @@ class SecretUnavailableError(Exception):
     """A Secret the sink names cannot be read, or lacks the key: fixed outside the spec, so retried."""
 
 
-def secret_values(namespace: str, refs: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
-    """Env name -> value for (spec field, secretKeyRef env var) pairs, read with `get` on exactly the Secrets
-    they name; errors name the field, the Secret and the key."""
+def _secrets(namespace: str, uses: Iterable[SecretUse]) -> dict[str, client.V1Secret]:
+    """The Secrets `uses` name, each read once with `get`, each holding the key it is used for; a missing optional
+    one is left out. Errors name the field, the Secret and the key."""
     core = client.CoreV1Api()
-    secrets: dict[str, dict[str, Any]] = {}
-    out: dict[str, str] = {}
-    for field, var in refs:
-        ref = var["valueFrom"]["secretKeyRef"]
-        if ref["name"] not in secrets:
+    secrets: dict[str, client.V1Secret] = {}
+    missing: set[str] = set()
+    for use in uses:
+        if use.name not in secrets and use.name not in missing:
             try:
-                secrets[ref["name"]] = core.read_namespaced_secret(ref["name"], namespace).data or {}
+                secrets[use.name] = core.read_namespaced_secret(use.name, namespace)
             except ApiException as e:
+                if e.status == 404 and use.optional:
+                    missing.add(use.name)
+                    continue
                 why = {404: "it does not exist",
                        403: "the operator may not read it (RBAC: add it to the chart's rbac.secretNames)"}.get(
                     e.status, f"{e.status} {e.reason}")
-                raise SecretUnavailableError(f"{field}: cannot read Secret {namespace}/{ref['name']}: {why}") \
+                raise SecretUnavailableError(f"{use.field}: cannot read Secret {namespace}/{use.name}: {why}") \
                     from None
-        data = secrets[ref["name"]]
-        if ref["key"] not in data:
-            raise SecretUnavailableError(f"{field}: Secret {namespace}/{ref['name']} has no key {ref['key']!r}")
-        out[var["name"]] = base64.b64decode(data[ref["key"]]).decode()
+        if use.name in secrets and use.key is not None and use.key not in (secrets[use.name].data or {}) \
+                and not use.optional:
+            raise SecretUnavailableError(f"{use.field}: Secret {namespace}/{use.name} has no key {use.key!r}")
+    return secrets
+
+
+def secret_values(namespace: str, refs: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
+    """Env name -> value for (spec field, secretKeyRef env var) pairs."""
+    secrets = _secrets(namespace, env_secret_uses(refs))
+    out: dict[str, str] = {}
+    for _, var in refs:
+        ref = var["valueFrom"]["secretKeyRef"]
+        out[var["name"]] = base64.b64decode((secrets[ref["name"]].data or {})[ref["key"]]).decode()
     return out
+
+
+def secret_versions(namespace: str, uses: Iterable[SecretUse]) -> dict[str, str]:
+    """Secret name -> resourceVersion, for the Secrets `uses` name: a rotation changes it (values never leave
+    the Secret: a hash of a short password in an annotation could be guessed back)."""
+    return {name: str(secret.metadata.resource_version if secret.metadata else "")
+            for name, secret in _secrets(namespace, uses).items()}
 
 
 def upsert_status_object(group_version: tuple[str, str], namespace: str, plural: str, obj: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ class Observed:
     deleting: bool = False
     rollout: str = ""  # what this reconcile changed ("created", "patched", "deleted"), if anything
     pods: tuple[str, ...] = ()  # the job's pods that may still write (a stopping driver finishes its batch)
+    held: bool = False  # the job failed in a way only a change fixes, and is kept suspended
 
 
 def sink_state(o: Observed) -> SinkState:
@@ -54,6 +55,8 @@ def sink_state(o: Observed) -> SinkState:
         return SinkState.PAUSING if o.pods else SinkState.PAUSED
     if o.rebalance is RebalancePhase.DRAINING:
         return SinkState.DRAINING
+    if o.held:
+        return SinkState.FAILED
     if o.app is None:
         return SinkState.PENDING if o.problem is not None else SinkState.DEPLOYING
     if o.app is AppState.RUNNING:

@@ -7,13 +7,23 @@ operator works with, and their validators hold the checks the API server cannot 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sparkapp.config import BatchingConfig, ConfigError, DlqConfig, FormatConfig, Strict, validation_lines
 
-from .spec import AppState, ConditionType, DesiredState, RebalancePhase, SinkState
+from .podspec import PodExtras, SecretUse, Volume, secret_uses
+from .spec import (
+    CONFIG_DIR,
+    OWNED_ENV,
+    OWNED_ENV_PREFIX,
+    AppState,
+    ConditionType,
+    DesiredState,
+    RebalancePhase,
+    SinkState,
+)
 
 # the operator must own these Spark settings: a user value would silently break a promise
 OWNED_SPARK_CONF = {
@@ -34,6 +44,9 @@ class KafkaSpec(Strict):
     options: dict[str, str] = Field(default_factory=dict)
     secret_ref: SecretRefName | None = Field(default=None, alias="secretRef")
     secret_options: dict[str, str] = Field(default_factory=dict, alias="secretOptions")
+    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[int, int]] = Field(
+        default="earliest", alias="startingOffsets")
+    acknowledge_redelivery: bool = Field(default=False, alias="acknowledgeRedelivery")
 
     @model_validator(mode="after")
     def _secret_ref(self) -> KafkaSpec:
@@ -90,7 +103,7 @@ class ShardingSpec(Strict):
     stripe: int | None = None
 
 
-class Driver(Strict):
+class Driver(PodExtras):
     cores: int = Field(default=1, ge=1)
     # what the pod requests from the scheduler, when less than `cores` (Spark's coreRequest, e.g. "500m")
     core_request: str | None = Field(default=None, alias="coreRequest", pattern=r"^[0-9]+(\.[0-9]+)?m?$")
@@ -108,6 +121,7 @@ class SparkSpec(Strict):
     service_account: str | None = Field(default=None, alias="serviceAccount")
     spark_conf: dict[str, str] = Field(default_factory=dict, alias="sparkConf")
     deps: dict[str, Any] = Field(default_factory=dict)
+    volumes: list[Volume] = Field(default_factory=list, max_length=32)
     driver: Driver = Field(default_factory=Driver)
     executor: Executor = Field(default_factory=Executor)
 
@@ -117,6 +131,32 @@ class SparkSpec(Strict):
             if key in self.spark_conf and self.spark_conf[key].strip().lower() != "false":
                 raise ValueError(f"sparkConf {key}={self.spark_conf[key]!r} is not allowed: {why}")
         return self
+
+    @model_validator(mode="after")
+    def _pods(self) -> SparkSpec:
+        """What the API server would take but the job could not run with: a mount of no volume, a shadowed
+        config mount or operator-set variable."""
+        names = [v.name for v in self.volumes]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"volumes: {dup} named more than once")
+        for role, pod in (("driver", self.driver), ("executor", self.executor)):
+            for i, m in enumerate(pod.volume_mounts):
+                if m.name not in names:
+                    raise ValueError(f"{role}.volumeMounts[{i}]: no volume {m.name!r} in spark.volumes {names}")
+                if (m.mount_path.rstrip("/") + "/").startswith(CONFIG_DIR + "/") or \
+                        CONFIG_DIR.startswith(m.mount_path.rstrip("/") + "/"):
+                    raise ValueError(f"{role}.volumeMounts[{i}]: {m.mount_path} overlaps {CONFIG_DIR}, where the "
+                                     "sink's ConfigMap is mounted")
+            for i, var in enumerate(pod.env):
+                if var.name in OWNED_ENV or var.name.startswith(OWNED_ENV_PREFIX):
+                    raise ValueError(f"{role}.env[{i}]: {var.name} is set by the operator (from kafka.secretOptions "
+                                     "or clickhouse.credentialsSecretRef)")
+        return self
+
+    def secret_uses(self) -> list[SecretUse]:
+        """The Secrets the driver and the executors read through their own env, envFrom and volumes."""
+        return [*secret_uses("spec.spark.driver", self.driver, self.volumes),
+                *secret_uses("spec.spark.executor", self.executor, self.volumes)]
 
 
 class SinkSpec(Strict):
@@ -170,6 +210,18 @@ class Condition(BaseModel):
         return self.status == "True"
 
 
+class JobFailure(BaseModel):
+    """status.sparkApplication.lastFailure: how the job's last driver ended in error, kept after the spark-operator
+    deletes the pod (and its log) to resubmit it."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    exit_code: int = Field(alias="exitCode")
+    message: str = Field(default="", description="the driver's termination message: the job's error line")
+    pod: str = ""
+    finished_at: str = Field(default="", alias="finishedAt")
+    spec_hash: str = Field(default="", alias="specHash", description="the specHash the failed run ran with")
+
+
 class AppStatus(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
     name: str = ""
@@ -180,6 +232,7 @@ class AppStatus(BaseModel):
     lost_executors: list[str] = Field(default_factory=list, alias="lostExecutors",
                                       description="executor pods of this run the spark-operator reports FAILED or "
                                                   "UNKNOWN (deleted), the last 10")
+    last_failure: JobFailure | None = Field(default=None, alias="lastFailure")
 
     @property
     def app_state(self) -> AppState:

@@ -9,6 +9,8 @@ outside the spec is retried, by kopf after a short delay and by the next tick.
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -20,18 +22,19 @@ from sparkapp.config import ConfigError, SinkConfig
 from sparkapp.core.state_machine import Phase
 from sparkapp.edges.kafka import topic_partitions
 
-from . import kube, metrics, status
+from . import jobfailure, kube, metrics, prerequisites, status
 from .access import open_store, operator_config
 from .cleanup import clean_removed_topics
 from .lifecycle import Observed, Problem, named
-from .model import Rebalance, SinkSpec, SinkStatus
+from .model import JobFailure, Rebalance, SinkSpec, SinkStatus
 from .problems import classify, invalid_spec
 from .rebalance import initial_layout, plan, same_shards, spec_layout
-from .render import Defaults, render, sink_config
+from .render import Defaults, kept_layout, render, secret_uses, sink_config
 from .spec import (
     APPROVAL_ANNOTATION,
     APPROVE_ANNOTATION,
     APPROVE_WORD,
+    FAILED_APP_STATES,
     HASH_ANNOTATION,
     NONCE_ANNOTATION,
     STOPPED_APP_STATES,
@@ -74,7 +77,8 @@ def _reconcile(body: Any) -> Outcome:
     namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation", 0))
     old = SinkStatus.of(body.get("status"))
     new = old.model_copy()
-    changed, problem, stall, spec, progress = "", None, None, None, None
+    changed, problem, unmet, stall, spec, progress = "", None, None, None, None, None
+    hold: JobFailure | None = None
     app_state: AppState | None = None
     app_msg = ""
     pods: tuple[str, ...] = ()
@@ -89,7 +93,7 @@ def _reconcile(body: Any) -> Outcome:
         metrics.RECONCILE_ERRORS.labels(problem.reason).inc()
     if spec is not None and problem is None:
         try:
-            new, changed = _apply(body, spec, old)
+            new, changed, hold = _apply(body, spec, old)
         except Exception as e:  # anything outside the spec: retried
             problem = classify(e)
             metrics.RECONCILE_ERRORS.labels(problem.reason).inc()
@@ -99,36 +103,56 @@ def _reconcile(body: Any) -> Outcome:
             app_msg = kube.app_message(app)
             # listed before the store is read: the reconcile that finds no pod left reads what their last batch
             # delivered, so a Paused status already holds it
-            pods = tuple(kube.live_pods(namespace, object_name(name)))
+            found = kube.app_pods(namespace, object_name(name))
+            pods = tuple(p.label for p in found if p.live)
+            unmet = prerequisites.check(namespace, name, app, found, dt.datetime.now(dt.UTC))
+            ran_with = str((((app or {}).get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION, ""))
+            recorded = new.spark_application.last_failure
+            failure = jobfailure.observed(found, ran_with, recorded)
             running, lost = kube.app_executors(app)
             new = new.model_copy(update={"spark_application": new.spark_application.model_copy(update={
                 "name": object_name(name), "state": app_state or "", "message": app_msg, "executors": running,
-                "lost_executors": lost})})
+                "lost_executors": lost, "last_failure": failure})})
+            if failure is not None and failure is not recorded and failure.exit_code in jobfailure.HELD \
+                    and problem is None:
+                new, changed, hold = _apply(body, spec, new)  # a failure only a change fixes: held at once
+            if app_state in FAILED_APP_STATES and hold is None:
+                app_msg += jobfailure.said(failure, ran_with)
             cfg = operator_config(namespace, name, spec, new.dump())
             progress = status.progress(namespace, name, cfg, open_store(cfg), new)
             new, stall = new.model_copy(update={"lag": progress.lag}), progress.stall
         except Exception as e:
             problem = problem or classify(e)
     observed = Observed(desired, app_state, app_msg, new.rebalance.phase if new.rebalance else None,
-                        problem or stall, rollout=changed if changed in ("created", "patched", "deleted") else "",
-                        pods=pods)
+                        problem or (hold and jobfailure.hold_problem(hold, job_retry_seconds())) or unmet or stall,
+                        pods=pods, held=hold is not None,
+                        rollout=changed if changed in ("created", "patched", "deleted") else "")
     status.record(body, old, new, observed, generation, progress)
     metrics.RECONCILES.labels(changed or "failed").inc()
     return Outcome(changed, problem)
 
 
-def _apply(body: Any, spec: SinkSpec, old: SinkStatus) -> tuple[SinkStatus, str]:
-    """Brings the layout, ConfigMap and SparkApplication in line with the spec; returns the new status fields and
-    what happened to the SparkApplication."""
+def _apply(body: Any, spec: SinkSpec, old: SinkStatus) -> tuple[SinkStatus, str, JobFailure | None]:
+    """Brings the layout, ConfigMap and SparkApplication in line with the spec; returns the new status fields,
+    what happened to the SparkApplication, and the failure it is held on (suspended) if any."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     nonce = (meta.get("annotations") or {}).get(NONCE_ANNOTATION, "")
     shards = layout_status(body, spec, old)
     draining = shards.rebalance is not None and shards.rebalance.phase is RebalancePhase.DRAINING
     defaults = Defaults.from_env()
-    cm, app = render(namespace, name, spec, nonce, defaults, shards.dump(), suspend=draining)
+    running = spec.state is not DesiredState.STOPPED
+    versions = kube.secret_versions(namespace, secret_uses(spec)) if running else {}
+    cm, app = render(namespace, name, spec, nonce, defaults, shards.dump(), suspend=draining,
+                     secret_versions=versions)
+    last = old.spark_application.last_failure
+    hold = last if running and not draining and jobfailure.held(
+        last, app["metadata"]["annotations"][HASH_ANNOTATION], dt.datetime.now(dt.UTC), job_retry_seconds()) else None
+    if hold is not None:  # what it would run with is what failed: suspended, not resubmitted
+        cm, app = render(namespace, name, spec, nonce, defaults, shards.dump(), suspend=True,
+                         secret_versions=versions)
     obj = object_name(name)
-    if spec.state is DesiredState.STOPPED:
+    if not running:
         changed = "deleted" if kube.delete_app(namespace, obj) else "unchanged"
     else:
         identity = defaults.driver_identity(spec.spark.service_account)
@@ -157,7 +181,12 @@ def _apply(body: Any, spec: SinkSpec, old: SinkStatus) -> tuple[SinkStatus, str]
     old_rb = old.rebalance
     if rb and (rb.phase, rb.to_layout) != ((old_rb.phase, old_rb.to_layout) if old_rb else (None, None)):
         kopf.info(body, reason=f"Rebalance{rb.phase}", message=rb.message)
-    return new, changed
+    return new, changed, hold
+
+
+def job_retry_seconds() -> float:
+    """How long a job that failed in a way only a change fixes stays suspended before it is tried again."""
+    return float(os.environ.get("CHSINK_JOB_RETRY_SECONDS", "300"))
 
 
 def layout_status(body: Any, spec: SinkSpec, current: SinkStatus) -> SinkStatus:
@@ -168,7 +197,12 @@ def layout_status(body: Any, spec: SinkSpec, current: SinkStatus) -> SinkStatus:
     namespace, name = meta["namespace"], meta["name"]
     out = current.model_copy()
     if out.layout is None:
-        return out.model_copy(update={"layout": initial_layout(spec)})
+        kept = kept_layout(kube.configmap_annotations(namespace, object_name(name)))
+        if not kept:
+            return out.model_copy(update={"layout": initial_layout(spec)})
+        out.layout, out.previous_layout = kept["layout"], kept.get("previousLayout")
+        kopf.info(body, reason="LayoutRestored", message=f"the status had no layout: layout v{out.layout['version']} "
+                  f"(as applied) restored from ConfigMap {object_name(name)}")
     want, rb = spec_layout(spec), current.rebalance
     pending = rb is not None and rb.pending
     if same_shards(out.layout, want):

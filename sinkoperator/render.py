@@ -22,15 +22,27 @@ import yaml
 from sparkapp.config import SinkConfig, parse_config, with_jvm_defaults
 
 from .model import SinkSpec
+from .podspec import PodExtras, SecretUse, dump, env_secret_uses
 from .rebalance import initial_layout, previous_config, routing
-from .spec import GROUP, HASH_ANNOTATION, DesiredState, object_name, sink_id
+from .spec import (
+    CONFIG_DIR,
+    GROUP,
+    HASH_ANNOTATION,
+    LAYOUT_ANNOTATION,
+    NONCE_ANNOTATION,
+    OWNED_ENV,
+    OWNED_ENV_PREFIX,
+    SECRET_VERSIONS_ANNOTATION,
+    DesiredState,
+    object_name,
+    sink_id,
+)
 
-CONFIG_DIR = "/etc/chsink"
 CONFIG_FILE = "sink.yaml"
 MAIN_FILE = "local:///opt/chsink/main.py"
 DEFAULT_IMAGE = "ghcr.io/chsink/chsink-spark:0.1.0"
 DEFAULT_SPARK_VERSION = "4.0.0"
-CLICKHOUSE_PASSWORD_ENV = "CHSINK_CLICKHOUSE_PASSWORD"
+CLICKHOUSE_PASSWORD_ENV = OWNED_ENV[0]
 METRICS_PORT = 9091
 
 
@@ -63,7 +75,7 @@ class Defaults:
 
 
 def secret_env(option: str) -> str:
-    return "CHSINK_KAFKA_" + re.sub(r"[^A-Z0-9]", "_", option.upper())
+    return OWNED_ENV_PREFIX + re.sub(r"[^A-Z0-9]", "_", option.upper())
 
 
 def sink_config(namespace: str, name: str, spec: SinkSpec, status: Mapping[str, Any] | None = None) -> SinkConfig:
@@ -76,6 +88,7 @@ def sink_config(namespace: str, name: str, spec: SinkSpec, status: Mapping[str, 
     kafka: dict[str, Any] = {"bootstrapServers": k.bootstrap_servers, "options": k.options,
                              "secretOptions": {opt: {"env": secret_env(opt)} for opt in k.secret_options}}
     kafka.update({"topics": k.topics} if k.topics else {"topicPattern": k.topic_pattern})
+    kafka.update({"startingOffsets": k.starting_offsets, "acknowledgeRedelivery": k.acknowledge_redelivery})
     layout = dict((status or {}).get("layout") or initial_layout(spec))
     clickhouse: dict[str, Any] = {
         "endpoints": layout["endpoints"], "database": ch.database, "tables": ch.tables, "settings": ch.settings,
@@ -122,31 +135,79 @@ def secret_refs(spec: SinkSpec) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def secret_uses(spec: SinkSpec) -> list[SecretUse]:
+    """Every Secret the sink's pods read: those the operator binds into env vars and the pods' own."""
+    return [*env_secret_uses(secret_refs(spec)), *spec.spark.secret_uses()]
+
+
 def spec_hash(material: Any) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
+def restart_annotations(nonce: str, secret_versions: Mapping[str, str]) -> dict[str, str]:
+    """The driver's annotations that restart the job when they change: the spark-operator resubmits an application
+    only on a change of its spec, and the job reads its Secrets only at pod start."""
+    out = {NONCE_ANNOTATION: nonce} if nonce else {}
+    if secret_versions:
+        out[SECRET_VERSIONS_ANNOTATION] = ",".join(f"{n}@{v}" for n, v in sorted(secret_versions.items()))
+    return out
+
+
+def layout_annotation(status: Mapping[str, Any] | None) -> dict[str, str]:
+    """The applied layout (and the previous one) as the ConfigMap keeps it: status can be lost (a backup restore,
+    a GitOps tool re-applying the object), and layout 0 in its place would route rows to other shards."""
+    if not (status or {}).get("layout"):
+        return {}
+    kept = {k: status[k] for k in ("layout", "previousLayout") if status.get(k)}  # type: ignore[index,union-attr]
+    return {LAYOUT_ANNOTATION: json.dumps(kept, sort_keys=True, separators=(",", ":"))}
+
+
+def kept_layout(annotations: Mapping[str, str]) -> dict[str, Any]:
+    """What layout_annotation() kept ({} when nothing is)."""
+    text = annotations.get(LAYOUT_ANNOTATION)
+    kept = json.loads(text) if text else {}
+    return kept if isinstance(kept, dict) and kept.get("layout") else {}
+
+
+def pod_extras(env: list[dict[str, Any]], pod: PodExtras) -> dict[str, Any]:
+    """A driver's or executors' env (the operator's own first), envFrom and volumeMounts, as the SparkApplication
+    takes them; empty lists left out, so a sink without them renders as before."""
+    out: dict[str, Any] = {"env": [*env, *dump(pod.env)]}
+    if pod.env_from:
+        out["envFrom"] = dump(pod.env_from)
+    if pod.volume_mounts:
+        out["volumeMounts"] = dump(pod.volume_mounts)
+    return out
+
+
 def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
            defaults: Defaults = Defaults(), status: Mapping[str, Any] | None = None,
-           suspend: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Returns (ConfigMap, SparkApplication) for a ClickHouseSink; `suspend` drains it (a rebalance)."""
+           suspend: bool = False, secret_versions: Mapping[str, str] | None = None,
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Returns (ConfigMap, SparkApplication) for a ClickHouseSink; `suspend` drains it (a rebalance);
+    `secret_versions` (name -> resourceVersion of the Secrets it names) restarts it on a rotation."""
     cfg = sink_config(namespace, name, spec, status)
     labels = {"app.kubernetes.io/name": "chsink", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/managed-by": "chsink-operator", f"{GROUP}/sink": name}
     config_text = yaml.safe_dump(cfg.redacted(), sort_keys=True)
-    cm = {"apiVersion": "v1", "kind": "ConfigMap",
-          "metadata": {"name": object_name(name), "namespace": namespace, "labels": labels},
-          "data": {CONFIG_FILE: config_text}}
+    cm: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": object_name(name), "namespace": namespace, "labels": labels},
+        "data": {CONFIG_FILE: config_text}}
+    if kept := layout_annotation(status):
+        cm["metadata"]["annotations"] = kept
     spark = spec.spark
     env = [var for _, var in secret_refs(spec)]
     conf = {**with_jvm_defaults(spark.spark_conf), "spark.speculation": "false",
             "spark.kubernetes.driver.annotation.chsink.io/sink": name}
     driver: dict[str, Any] = {
         "cores": spark.driver.cores, "memory": spark.driver.memory,
-        "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}], "env": env,
+        "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}],
+        **pod_extras(env, spark.driver),
         # the job's Prometheus endpoint (rows, inserts, retries, fencing, lag, batch durations)
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
-        "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)},
+        "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+                        **restart_annotations(nonce, secret_versions or {})},
     }
     if spark.driver.core_request:
         driver["coreRequest"] = spark.driver.core_request
@@ -154,7 +215,8 @@ def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
         driver["serviceAccount"] = spark.service_account or defaults.service_account
     ex = spark.executor
     executor = {"cores": ex.cores, "memory": ex.memory, "instances": ex.instances,
-                "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}], "env": env}
+                "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}],
+                **pod_extras(env, ex)}
     if ex.core_request:
         executor["coreRequest"] = ex.core_request
     app_spec: dict[str, Any] = {
@@ -168,6 +230,8 @@ def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
         "driver": driver, "executor": executor,
         "suspend": suspend or spec.state == DesiredState.PAUSED,
     }
+    if spark.volumes:
+        app_spec["volumes"] = dump(spark.volumes)
     deps = dict(spark.deps)
     if defaults.packages and "packages" not in deps:
         deps["packages"] = list(defaults.packages)

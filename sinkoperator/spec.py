@@ -13,10 +13,15 @@ SPARK = ("sparkoperator.k8s.io", "v1beta2", "sparkapplications")  # group, versi
 
 HASH_ANNOTATION = f"{GROUP}/spec-hash"
 NONCE_ANNOTATION = f"{GROUP}/restart-nonce"
+SECRET_VERSIONS_ANNOTATION = f"{GROUP}/secret-versions"  # on the driver: the Secrets' versions it was started with
+LAYOUT_ANNOTATION = f"{GROUP}/layout"  # on the ConfigMap: the applied layout, kept where a lost status is not
 FORCE_DELETE_ANNOTATION = f"{GROUP}/force-delete"
 APPROVAL_ANNOTATION = f"{GROUP}/rebalance-approval"  # "required": a plan waits for APPROVE_ANNOTATION
 APPROVE_ANNOTATION = f"{GROUP}/approve-rebalance"  # APPROVE_WORD (the plan shown now) or the plan's toLayout
 APPROVE_WORD = "approve"
+CONFIG_DIR = "/etc/chsink"  # where the Spark pods mount the sink's ConfigMap
+# the environment variables the operator sets on the Spark pods itself (a sink's own env must not shadow them)
+OWNED_ENV_PREFIX, OWNED_ENV = "CHSINK_KAFKA_", ("CHSINK_CLICKHOUSE_PASSWORD",)
 
 
 class DesiredState(enum.StrEnum):
@@ -57,9 +62,15 @@ class Reason(enum.StrEnum):
     KAFKA_UNAVAILABLE = "KafkaUnavailable"
     CLICKHOUSE_UNAVAILABLE = "ClickHouseUnavailable"
     SPARK_OPERATOR_MISSING = "SparkOperatorMissing"
+    SPARK_OPERATOR_TOO_OLD = "SparkOperatorTooOld"
+    SPARK_OPERATOR_NOT_WATCHING = "SparkOperatorNotWatching"
+    SPARK_OPERATOR_WEBHOOK_MISSING = "SparkOperatorWebhookMissing"
     FORBIDDEN = "Forbidden"
     RECONCILE_FAILED = "ReconcileFailed"
     JOB_FAILED = "JobFailed"
+    JOB_CONFIG_ERROR = "JobConfigError"
+    JOB_DATA_LOSS = "JobDataLoss"
+    JOB_STATE_MISMATCH = "JobStateMismatch"
     EXECUTOR_LOST = "ExecutorLost"
     SHARD_STALLED = "ShardStalled"
     CLEANUP_FAILED = "CleanupFailed"

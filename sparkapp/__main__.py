@@ -1,12 +1,15 @@
 """`python -m sparkapp run|verify|state` — the job's entry point (also the SparkApplication's main file).
 
-Exit codes: 0 ok, 1 verifier anomalies or a runtime failure, 2 configuration error, 3 fenced.
+Exit codes: 0 ok, 1 verifier anomalies or a runtime failure, 2 configuration error, 3 fenced, 4 data loss,
+5 state that does not match Kafka, 6 unavailable. The error's line also goes to the container's termination
+message, where the operator reads it.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -71,7 +74,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except tuple(_EXITS) as e:
         code, what = next(v for k, v in _EXITS.items() if isinstance(e, k))
         print(f"chsink: {what}: {e}", file=sys.stderr)
+        _terminate_with(f"chsink: {what}: {e}")
         return code
+    except Exception as e:
+        _terminate_with(f"chsink: unexpected {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        raise
+
+
+# Kubernetes keeps the first 4096 bytes of this file in the pod's status (state.terminated.message) once the
+# container exits: the spark-operator reports only the exit code, and deletes the pod (its log) on each retry.
+TERMINATION_LOG = "/dev/termination-log"
+_TERMINATION_LIMIT = 4096
+
+
+def _terminate_with(line: str) -> None:
+    path = os.environ.get("CHSINK_TERMINATION_LOG", TERMINATION_LOG)
+    if not os.path.exists(path):  # the kubelet creates it in a container; elsewhere there is no reader
+        return
+    try:
+        with open(path, "wb") as f:
+            f.write(line.encode()[:_TERMINATION_LIMIT])
+    except OSError:  # never hide the error being reported
+        pass
 
 
 def _state(cfg: SinkConfig, args: argparse.Namespace) -> int:

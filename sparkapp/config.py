@@ -121,6 +121,14 @@ class KafkaConfig(Strict):
     options: dict[str, str] = Field(default_factory=dict, description="Kafka client options, e.g. security.protocol")
     secret_options: dict[str, SecretRef] = Field(default_factory=dict, alias="secretOptions")
     source_options: dict[str, str] = Field(default_factory=dict, alias="sourceOptions")
+    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[int, int]] = Field(
+        default="earliest", alias="startingOffsets",
+        description="where a sink without any state starts: earliest, latest, or {topic: {partition: offset}} "
+                    "(others earliest); ignored once the state store holds the sink's positions")
+    acknowledge_redelivery: bool = Field(
+        default=False, alias="acknowledgeRedelivery",
+        description="start a sink without state from the earliest offset although its tables already hold rows "
+                    "of its topics (a re-created sink): those are delivered again")
 
     @model_validator(mode="after")
     def _topics(self) -> KafkaConfig:
@@ -139,6 +147,12 @@ class KafkaConfig(Strict):
             java_consumer_options({**self.options, **{k: "" for k in self.secret_options}}, self._java_given)
         except KafkaOptionError as e:
             raise ValueError(f"options: {e}") from None
+        if isinstance(self.starting_offsets, dict):
+            for t, offsets in self.starting_offsets.items():
+                if self.topics and t not in self.topics:
+                    raise ValueError(f"startingOffsets names topic {t!r}, which is not in `topics`")
+                if any(o < 0 or p < 0 for p, o in offsets.items()):
+                    raise ValueError(f"startingOffsets[{t!r}]: partitions and offsets are >= 0, got {offsets}")
         bad = sorted(k for k in self.source_options if k.lower() in _FORBIDDEN_SOURCE_OPTIONS)
         if bad:
             raise ValueError(f"sourceOptions {bad} are managed by chsink (they would split a partition across "

@@ -193,9 +193,13 @@ def verify(cfg: SinkConfig) -> Report:
     for topic, n in parts.items():
         for p in range(n):
             lo, hi = watermarks(cfg.kafka, topic, p)
+            # a sink that chose where to start (kafka.startingOffsets) answers for what follows only; rows below
+            # are an earlier sink's
+            start = state.starts.get((topic, p), 0)
+            lo = max(lo, start)
             rep = PartitionReport(topic, p, lo, hi, delivered.get((topic, p), lo))
-            ch_here = {o: c for (t, q, o), c in ch.items() if t == topic and q == p}
-            dlq_here = {o: c for (t, q, o), c in dlq.items() if t == topic and q == p}
+            ch_here = {o: c for (t, q, o), c in ch.items() if t == topic and q == p and o >= start}
+            dlq_here = {o: c for (t, q, o), c in dlq.items() if t == topic and q == p and o >= start}
             rep.clickhouse = sum(ch_here.values())
             rep.dead_lettered = sum(dlq_here.values())
             rep.duplicates = sorted(o for o in set(ch_here) | set(dlq_here)

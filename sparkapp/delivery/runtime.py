@@ -106,7 +106,8 @@ def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int],
     With several tables per partition the slowest table decides; the others skip what they have. A table's
     AFTER row counts from the partition's read-through when that is higher (SinkState): a table that gets no
     records must not hold its partition back at its last range.
-    Partitions without state start at the earliest offset (-2). A position below the partition's log start
+    Partitions without state start where the sink chose to (first_start.py), else at the earliest offset (-2).
+    A position below the partition's log start
     (`log_starts`: retention deleted records) starts at the log start instead, or Spark's source would refuse
     to start: a BEFORE range there is re-read from what Kafka still holds (the writer tells whether the rest
     had landed); an AFTER row below it means records were deleted before delivery: DataLossError, unless
@@ -117,7 +118,8 @@ def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int],
     rows = state.rows
     marks = marks or {}
     for pk, last in [*((r.pk, r.state.range.max) for r in rows),
-                     *((PartitionKey(sink, t, p), at - 1) for (t, p), at in state.read_through.items())]:
+                     *((PartitionKey(sink, t, p), at - 1) for (t, p), at in state.read_through.items()),
+                     *((PartitionKey(sink, t, p), at - 1) for (t, p), at in state.starts.items())]:
         end = marks.get((pk.topic, pk.partition), (0, 1 << 62))[1]
         if last >= end:
             raise IrrecoverableStateError(
@@ -125,6 +127,8 @@ def starting_offsets(store: StateStore, sink: str, partitions: dict[str, int],
                 "deleted and recreated (or its offsets were reset). Its new records would be taken for delivered "
                 "ones; check the target table, then reset the sink's state (`python -m sparkapp state reset`)")
     resume = state.resume()
+    for key, at in state.starts.items():  # where the sink chose to start, until a table's row says more
+        resume.setdefault(key, at)
     for (t, p), at in sorted(resume.items()):
         low = marks.get((t, p), (0, 0))[0]
         if at >= low:

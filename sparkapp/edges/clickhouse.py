@@ -161,3 +161,12 @@ def view_targets(client: Client, database: str, table: str) -> list[tuple[str, s
                 m = re.search(r"\bTO\s+`?([\w]+)`?\.`?([\w]+)`?", str(create))
                 out.append((m.group(1), m.group(2)) if m else (vdb, f".inner_id.{uuid}"))
     return out
+
+
+def rows_of_topic(client: Client, database: str, table: str, topic: str) -> int:
+    """How many rows of `topic` the table holds (all its rows when it has no `_topic` column to tell)."""
+    has_topic = client.query("SELECT count() FROM system.columns WHERE database = {db:String} AND table = {t:String} "
+                             "AND name = '_topic'", parameters={"db": database, "t": table}).result_rows[0][0]
+    where = " WHERE _topic = {topic:String}" if has_topic else ""
+    name = f"`{database.replace('`', '``')}`.`{table.replace('`', '``')}`"
+    return int(client.query(f"SELECT count() FROM {name}{where}", parameters={"topic": topic}).result_rows[0][0])

@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import Engine, SinkConfig
@@ -112,6 +112,7 @@ class Begin:
 
 
 READ_THROUGH = "__read_through__"  # the target of a routed partition's read-through row (not a table)
+START = "__start__"  # the target of the row where a sink chose to start a partition (not a table)
 
 
 def table_resume(r: StateRow, read_through: Mapping[tuple[str, int], int]) -> int:
@@ -142,6 +143,13 @@ class SinkState:
 
     rows: list[StateRow]
     read_through: dict[tuple[str, int], int]
+    # where the sink chose to start each partition (kafka.startingOffsets), recorded before its first batch
+    starts: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing recorded: a new sink, or one re-created or reset."""
+        return not (self.rows or self.read_through or self.starts)
 
     def resume(self) -> dict[tuple[str, int], int]:
         return resume_positions(self.rows, self.read_through)
@@ -253,9 +261,10 @@ class StateStore:
         """The sink's table rows and read-through positions, in one read."""
         rows = sorted((self._state_row(r) for r in self._select(f"kind = 'partition' AND sink = {_q(sink)}")),
                       key=lambda s: s.pk)
-        return SinkState([r for r in rows if r.pk.table != READ_THROUGH],
-                         {(r.pk.topic, r.pk.partition): r.state.resume_offset for r in rows
-                          if r.pk.table == READ_THROUGH})
+        def at(target: str) -> dict[tuple[str, int], int]:
+            return {(r.pk.topic, r.pk.partition): r.state.resume_offset for r in rows if r.pk.table == target}
+
+        return SinkState([r for r in rows if r.pk.table not in (READ_THROUGH, START)], at(READ_THROUGH), at(START))
 
     def list_sink(self, sink: str) -> list[StateRow]:
         """The sink's table rows."""
@@ -265,13 +274,22 @@ class StateStore:
         """Raises each partition's read-through to the given offset, never lowers it, in one conditional write
         (and one read first, which fences a writer whose sink was taken over). Only the writer that handed the
         records over in order, and saw each table's writer return, may claim a position."""
+        self._raise_positions(sink, positions, epoch, READ_THROUGH, least=1)
+
+    def record_start(self, sink: str, positions: Mapping[tuple[str, int], int], epoch: int) -> None:
+        """Records where the sink starts each partition, before its first batch: a restart before any is
+        delivered resumes there rather than resolving `latest` again, and the verifier counts from there."""
+        self._raise_positions(sink, positions, epoch, START, least=0)  # a start at 0 too: it is a choice
+
+    def _raise_positions(self, sink: str, positions: Mapping[tuple[str, int], int], epoch: int, target: str,
+                         least: int) -> None:
         if not positions:
             return
-        keys = {PartitionKey(sink, t, p, READ_THROUGH).key: (t, p, at) for (t, p), at in positions.items() if at > 0}
+        keys = {PartitionKey(sink, t, p, target).key: (t, p, at) for (t, p), at in positions.items() if at >= least}
         epoch_key = self._epoch_key(sink)
         rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(_q, [*keys, epoch_key]))})")}
         _fence(sink, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
-        created = [self._row(k, "partition", sink=sink, topic=t, partition=p, target=READ_THROUGH,
+        created = [self._row(k, "partition", sink=sink, topic=t, partition=p, target=target,
                              phase=Phase.AFTER.value, max_offset=at - 1, epoch=epoch)
                    for k, (t, p, at) in keys.items() if k not in rows]
         if created:

@@ -25,6 +25,7 @@ from typing import Any
 from .. import metrics
 from ..config import ConfigError, SinkConfig
 from ..delivery.context import PartitionOutcome
+from ..delivery.first_start import first_start
 from ..delivery.runtime import Runtime, check_routing, starting_offsets
 from ..delivery.writer import Waiting, ranges_from_json, ranges_json
 from ..edges.clickhouse import clickhouse_client, load_schema
@@ -282,7 +283,9 @@ class SinkJob:
         store.ensure_schema()
         self.epoch = store.acquire_epoch(self.cfg.name, owner=run_owner())
         check_routing(store, self.cfg.name, ch, parts)
-        self.starting = starting_offsets(store, self.cfg.name, parts, all_watermarks(k, parts), k.fail_on_data_loss)
+        marks = all_watermarks(k, parts)
+        first_start(self.cfg, store, parts, marks, self.epoch)
+        self.starting = starting_offsets(store, self.cfg.name, parts, marks, k.fail_on_data_loss)
         if ch.embedded:
             dlq = KafkaDeadLetterSink(self.cfg.dlq.topic, k.client_options()) if self.cfg.dlq.topic else None
             self.writer = DriverWriter(self, Runtime(self.cfg, self.epoch, client, store, dlq))

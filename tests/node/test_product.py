@@ -40,6 +40,8 @@ TOPIC, DLQ = "events", "events-dlq"
 PARTITIONS = 4
 KAFKA = "10.96.0.20:9092"  # the Services' fixed ClusterIPs (infra.yaml), which the host reaches through kube-proxy
 CLICKHOUSE = ("10.96.0.21", "10.96.0.22")
+JOB_RETRY_S = 45
+CHECKPOINTS, ENV_SECRET = "/checkpoints", "chsink-node-env"  # the driver's volume and its env from a Secret
 SHARDS = ("http://clickhouse.data.svc.cluster.local:8123", "http://clickhouse-2.data.svc.cluster.local:8123")
 DB = "e2e"
 UNAVAILABLE = "chsink: unavailable:"  # how the verifier says it could not reach Kafka or ClickHouse
@@ -178,10 +180,14 @@ def sink(shards: int, state: str = "running") -> dict[str, Any]:
             "exactlyOnce": {"engine": "KeeperMap"},
             "batching": {"maxOffsetsPerTrigger": 4000, "blockOffsets": 1000, "triggerInterval": "1 second"},
             "dlq": {"topic": DLQ},
-            "checkpointLocation": f"/tmp/chsink/{SINK}",  # in the driver pod: lost with it (the store is the truth)
+            # on a volume of the driver pod's own: lost with it (the store is the truth)
+            "checkpointLocation": f"{CHECKPOINTS}/{SINK}",
             "deletionPolicy": "Delete",
             "spark": {"imagePullPolicy": "Never",  # the image: the chart's default (spark.image)
-                      "driver": {"cores": 1, "coreRequest": "200m", "memory": "768m"},
+                      "volumes": [{"name": "checkpoints", "emptyDir": {"sizeLimit": "1Gi"}}],
+                      "driver": {"cores": 1, "coreRequest": "200m", "memory": "768m",
+                                 "envFrom": [{"secretRef": {"name": ENV_SECRET}}],
+                                 "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINTS}]},
                       "executor": {"cores": 1, "coreRequest": "200m", "memory": "768m", "instances": 1}},
         },
     }
@@ -226,11 +232,14 @@ def product(node: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     node.helm("install", "chsink", str(REPO / "charts" / "chsink"), "-n", "chsink-system", "--create-namespace",
               "--wait", "--timeout=3m", "--set", f"image.repository={op_repo}", "--set", f"image.tag={op_tag}",
               "--set", "image.pullPolicy=Never", "--set", f"spark.image={spark_image}",
-              "--set", "watchNamespaces={data}", "--set", "statusIntervalSeconds=3")
+              "--set", "watchNamespaces={data}", "--set", "statusIntervalSeconds=3",
+              # a job held on an error only a fix outside Kubernetes can clear is tried again after 45 s, not 300
+              "--set-json", f'extraEnv=[{{"name": "CHSINK_JOB_RETRY_SECONDS", "value": "{JOB_RETRY_S}"}}]')
     for deployment in ("zookeeper", "kafka", "clickhouse", "clickhouse-2"):
         _rollout(node, NS, deployment)
     installed = time.monotonic()
 
+    node.kubectl("-n", NS, "create", "secret", "generic", ENV_SECRET, "--from-literal=CHSINK_NODE_MARK=from-a-secret")
     kafka = AdminClient({"bootstrap.servers": KAFKA})  # kept: its futures fail once it is collected
     for fut in kafka.create_topics([NewTopic(TOPIC, PARTITIONS, 1), NewTopic(DLQ, 1, 1)]).values():
         fut.result(60)
@@ -293,6 +302,12 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     p.marks.append(f"sink running {time.monotonic() - t0:.0f}s after kubectl apply")
     driver = p.get("pod", f"{APP}-driver")
     assert driver.get("spec", {}).get("volumes"), "the webhook mounted the sink's ConfigMap"
+    # the sink's own env from a Secret and its volume reach the driver (the spark-operator's webhook adds them),
+    # and the checkpoint is written on that volume
+    p.wait("the checkpoint on the driver's volume", lambda: "_chsink_sink" in p.kubectl(
+        "exec", f"{APP}-driver", "--", "ls", f"{CHECKPOINTS}/{SINK}", check=False).stdout, timeout=120)
+    env = p.kubectl("exec", f"{APP}-driver", "--", "printenv", "CHSINK_NODE_MARK").stdout.strip()
+    assert env == "from-a-secret", env
     p.wait("the driver starts an executor pod", lambda: "Running" in p.kubectl(
         "get", "pods", "-l", "spark-role=executor", "-o", "jsonpath={.items[*].status.phase}").stdout, timeout=300)
 
@@ -359,3 +374,44 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     assert totals["dead_lettered"] == p.producer.bad, totals
     with p.log.open("a") as f:
         f.write(f"{'; '.join(p.marks)}; run {time.monotonic() - t0:.0f}s; {p.producer.sent} records\n")
+    _a_configuration_error_is_described_and_held(p)
+
+
+def _a_configuration_error_is_described_and_held(p: Product) -> None:
+    """A sink whose table does not exist: the job's own words (its container's termination message, through the
+    kubelet) in `kubectl describe chs`, the application suspended rather than resubmitted in a loop, and running
+    once the table is created."""
+    t0 = time.monotonic()
+    broken = sink(shards=1)
+    broken["metadata"]["name"] = "broken"
+    broken["spec"]["clickhouse"]["tables"] = {TOPIC: "events_missing"}
+    broken["spec"]["checkpointLocation"] = "/tmp/chsink/broken"
+    p.node.kubectl("apply", "-f", "-", input=json.dumps(broken))
+
+    def degraded() -> dict[str, Any]:
+        conds = p.get("chs", "broken").get("status", {}).get("conditions", [])
+        return next((c for c in conds if c["type"] == "Degraded"), {})
+
+    p.wait("JobConfigError", lambda: degraded().get("reason") == "JobConfigError", timeout=420)
+    message = degraded()["message"]
+    assert "events_missing" in message and "does not exist" in message and "not resubmitted" in message, message
+    p.wait("held: suspended", lambda: p.get("sparkapp", "chsink-broken").get("status", {})
+           .get("applicationState", {}).get("state") == "SUSPENDED", timeout=180)
+    describe = p.kubectl("describe", "chs", "broken").stdout
+    assert "events_missing" in describe and "JobConfigError" in describe, describe
+    time.sleep(20)  # the spark-operator would have resubmitted it by now
+    drivers = p.kubectl("get", "pods", "-l", "sparkoperator.k8s.io/app-name=chsink-broken,spark-role=driver",
+                        "-o", "name").stdout.split()
+    assert not drivers, drivers
+    assert p.get("chs", "broken")["status"]["state"] == "Failed"
+    # the fix, made outside Kubernetes: the job is tried again within JOB_RETRY_S of its failure, and runs
+    client = clickhouse_connect.get_client(host=CLICKHOUSE[0], port=8123)
+    client.command(EVENTS_TABLE.format(db=DB).replace(".events ", ".events_missing "))
+    p.wait("running once the table exists", lambda: p.get("chs", "broken").get("status", {}).get("state") == "Running",
+           timeout=JOB_RETRY_S + 300)
+    p.wait("rows in the new table", lambda: client.command(f"SELECT count() FROM {DB}.events_missing") > 0,
+           timeout=180)
+    with p.log.open("a") as f:
+        f.write(f"--- a missing table, described and held {time.monotonic() - t0:.0f}s after kubectl apply\n"
+                f"{describe[describe.find('Status:'):]}\n")
+    p.kubectl("delete", "chs", "broken", "--wait=true", "--timeout=120s")

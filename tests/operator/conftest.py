@@ -21,6 +21,9 @@ from sparkapp.config import Engine
 from sparkapp.edges.store import StateStore
 
 _seq = itertools.count()
+# The API servers here have the spark-operator's CRDs but run no spark-operator (the tests play its part where they
+# need a state), so no application would ever be picked up: SparkOperatorNotWatching is tested on its own.
+NO_SPARK_OPERATOR = {"CHSINK_SPARK_PICKUP_SECONDS": "86400"}
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +41,7 @@ def kopf_runner(kubeconfig: Path, namespace: str | None, env: dict[str, str] | N
     cluster), with the install's environment (one replica: the Lease election is test_leader.py's)."""
     from kopf.testing import KopfRunner
 
-    extra = {"KUBECONFIG": str(kubeconfig), "CHSINK_STATUS_INTERVAL": "2", **(env or {})}
+    extra = {"KUBECONFIG": str(kubeconfig), "CHSINK_STATUS_INTERVAL": "2", **NO_SPARK_OPERATOR, **(env or {})}
     old = {k: os.environ.get(k) for k in extra}
     os.environ.update(extra)
     scope = [f"--namespace={namespace}"] if namespace else ["--all-namespaces"]
@@ -61,7 +64,7 @@ class OperatorProcess:
     def __init__(self, kubeconfig: Path, log: Path, *args: str, identity: str = "") -> None:
         self.identity, self.port, self.log = identity, free_port(), log
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": identity, "CHSINK_STATUS_INTERVAL": "2",
-               "CHSINK_RETRY_DELAY": "2", "PYTHONWARNINGS": "ignore"}
+               "CHSINK_RETRY_DELAY": "2", "PYTHONWARNINGS": "ignore", **NO_SPARK_OPERATOR}
         with log.open("w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sinkoperator", f"--liveness=http://127.0.0.1:{self.port}/healthz", *args],

@@ -4,6 +4,7 @@ job runs and nothing is wrong, every problem is a Degraded condition, and a wron
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sinkoperator.jobfailure import HELD, held
 from sinkoperator.lifecycle import Observed, Problem, conditions, keep_transition_times, sink_state
-from sinkoperator.model import SinkSpec
+from sinkoperator.model import JobFailure, SinkSpec
 from sinkoperator.render import sink_config
 from sinkoperator.spec import FAILED_APP_STATES, AppState, DesiredState, Reason, RebalancePhase, SinkState
 from sparkapp.config import ConfigError
@@ -24,7 +26,7 @@ observed = st.builds(Observed, st.sampled_from(list(DesiredState)), st.none() | 
                      st.text(max_size=10), st.none() | st.sampled_from(list(RebalancePhase)), problems, st.booleans(),
                      st.sampled_from(["", "created", "patched", "deleted"]),
                      st.lists(st.sampled_from(["d (driver)", "e1 (executor)", "e2 (executor)"]), max_size=2)
-                     .map(tuple))
+                     .map(tuple), st.booleans())
 
 
 @given(observed, st.integers(0, 10))
@@ -54,6 +56,9 @@ def test_ready_means_the_job_runs_and_nothing_is_wrong(o: Observed, generation: 
     if o.rebalance is RebalancePhase.DRAINING and o.desired is DesiredState.RUNNING and not o.deleting and \
             not (o.problem and o.problem.permanent):
         assert state is SinkState.DRAINING and not by["Ready"].true and by["Progressing"].true
+    if o.held and o.desired is DesiredState.RUNNING and not o.deleting and o.rebalance is not RebalancePhase.DRAINING \
+            and not (o.problem and o.problem.permanent):  # suspended on a failure only a change fixes
+        assert state is SinkState.FAILED and not by["Ready"].true
 
 
 @given(observed)
@@ -100,6 +105,17 @@ BAD_SPECS = [
      "format.protobufDescriptorSet and format.protobufMessage go together"),
     (("format",), {"type": "protobuf", "protobufDescriptorSet": "CgA=", "protobufMessage": "shop.v1.Order"},
      "protobufMessage 'shop.v1.Order' is not a message of the descriptor set", None),
+    (("spark", "volumes"), [{"name": "two", "emptyDir": {}, "secret": {"secretName": "s"}}],
+     "volume two takes exactly one of persistentVolumeClaim, secret, configMap, emptyDir",
+     "a volume takes exactly one of persistentVolumeClaim, secret, configMap, emptyDir"),
+    (("spark", "executor"), {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]},
+     "env A: give value or valueFrom, not both", "give value or valueFrom, not both"),
+    (("spark", "driver"), {"envFrom": [{"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}]},
+     "envFrom takes exactly one of secretRef, configMapRef", "envFrom takes exactly one of secretRef, configMapRef"),
+    (("spark", "driver"), {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]},
+     "driver.volumeMounts[0]: no volume 'nope' in spark.volumes []", None),
+    (("spark", "driver"), {"env": [{"name": "CHSINK_CLICKHOUSE_PASSWORD", "value": "x"}]},
+     "driver.env[0]: CHSINK_CLICKHOUSE_PASSWORD is set by the operator", None),
 ]
 
 
@@ -136,3 +152,13 @@ def test_a_dlq_topic_the_pattern_matches_is_a_loop_and_a_long_name_is_refused() 
         sink_config("default", "orders", SinkSpec.parse(spec))
     with pytest.raises(ConfigError, match=r"metadata\.name: 50 characters; at most 45"):
         SinkSpec.parse(SAMPLE["spec"], "n" * 50)
+
+
+@given(st.sampled_from([1, 2, 3, 4, 5, 6]), st.integers(0, 1000), st.integers(1, 600), st.booleans())
+def test_only_an_error_a_change_fixes_is_held_and_only_for_its_interval(code: int, age: int, hold_s: int,
+                                                                        same: bool) -> None:
+    now = dt.datetime(2026, 12, 7, 3, 0, tzinfo=dt.UTC)
+    last = JobFailure.model_validate({"exitCode": code, "pod": "d", "specHash": "h1",
+                                      "finishedAt": (now - dt.timedelta(seconds=age)).isoformat()})
+    assert held(last, "h1" if same else "h2", now, hold_s) == (code in HELD and same and age < hold_s)
+    assert not held(None, "h1", now, hold_s)

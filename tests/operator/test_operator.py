@@ -224,11 +224,84 @@ def test_removed_topic_state_is_cleaned_after_fencing_the_job(sink):
     assert [r.pk.topic for r in st.list_sink(sid)] == [keep]
 
 
-def test_restart_nonce_forces_a_patch(sink):
+def test_restart_nonce_restarts_the_job(sink):
+    """The spark-operator resubmits an application only when its spec changes (a metadata change it ignores),
+    so the nonce is in the spec: the driver pod's annotations."""
     sink["apply"]()
     h = wait_for("app", lambda: app_of(sink))["metadata"]["annotations"]["chsink.io/spec-hash"]
     sink["kube"].kubectl("annotate", "clickhousesink", sink["name"], "chsink.io/restart-nonce=2026-11-21T18:00")
-    wait_for("hash change", lambda: app_of(sink)["metadata"]["annotations"]["chsink.io/spec-hash"] != h)
+    app = wait_for("hash change", lambda: (a := app_of(sink))["metadata"]["annotations"]["chsink.io/spec-hash"] != h
+                   and a)
+    assert app["spec"]["driver"]["annotations"]["chsink.io/restart-nonce"] == "2026-11-21T18:00"
+
+
+def test_a_rotated_secret_restarts_the_job(sink):
+    """The job reads its Secrets at pod start: a rotation changes the spec (the Secrets' resourceVersions in the
+    driver's annotations), so the spark-operator resubmits it, and only then."""
+    kubectl = sink["kube"].kubectl
+    ref = f"creds-{sink['name']}"
+
+    def secret(password: str) -> None:
+        text = kubectl("create", "secret", "generic", ref, f"--from-literal=password={password}", "--dry-run=client",
+                       "-o", "yaml").stdout
+        kubectl("apply", "-f", "-", input=text)
+
+    secret("first")
+    sink["apply"](clickhouse={"shards": [{"endpoint": sink["dsn"]}], "database": sink["db"],
+                              "tables": {"*": "events"}, "credentialsSecretRef": {"name": ref}})
+    app = wait_for("app", lambda: app_of(sink))
+    version = get(sink["kube"], "secret", ref)["metadata"]["resourceVersion"]
+    assert app["spec"]["driver"]["annotations"]["chsink.io/secret-versions"] == f"{ref}@{version}"
+    spec, h = app["spec"], app["metadata"]["annotations"]["chsink.io/spec-hash"]
+    time.sleep(3)  # ticks with nothing rotated change nothing
+    assert app_of(sink)["metadata"]["annotations"]["chsink.io/spec-hash"] == h
+    secret("second")
+    rotated = get(sink["kube"], "secret", ref)["metadata"]["resourceVersion"]
+    app = wait_for("the rotation in the spec", lambda: (a := app_of(sink))["spec"]["driver"]["annotations"]
+                   ["chsink.io/secret-versions"] == f"{ref}@{rotated}" and a, timeout=30)
+    spec["driver"]["annotations"]["chsink.io/secret-versions"] = f"{ref}@{rotated}"
+    assert app["spec"] == spec, "nothing else changed"
+    kubectl("delete", "secret", ref)
+
+
+def test_volumes_and_env_from_secrets_reach_both_pods_unpruned_and_a_rotation_of_either_restarts_the_job(sink):
+    """A checkpoint on S3 needs credentials from a Secret, one on a volume a PVC: both reach the driver and the
+    executors as written, through the spark-operator's own CRD (a field it does not know would be pruned without
+    a word), and the Secrets they read are versioned like the sink's own."""
+    kubectl = sink["kube"].kubectl
+    s3, keys = f"s3-{sink['name']}", f"keys-{sink['name']}"
+    for secret, literal in ((s3, "AWS_ACCESS_KEY_ID=chsink"), (keys, "ca.pem=PEM")):
+        kubectl("create", "secret", "generic", secret, f"--from-literal={literal}")
+    volumes = [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "chsink-checkpoints"}},
+               {"name": "keys", "secret": {"secretName": keys, "items": [{"key": "ca.pem", "path": "ca.pem"}]}},
+               {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}]
+    pod = {"env": [{"name": "AWS_REGION", "value": "eu-west-1"},
+                   {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+           "envFrom": [{"secretRef": {"name": s3}}],
+           "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"},
+                            {"name": "keys", "mountPath": "/keys", "readOnly": True}]}
+    sink["apply"](spark={"volumes": volumes, "driver": pod, "executor": {"instances": 1, **pod}})
+    app = wait_for("app", lambda: app_of(sink))
+    spec = app["spec"]
+    assert spec["volumes"] == volumes
+    for role in ("driver", "executor"):
+        assert spec[role]["envFrom"] == pod["envFrom"] and spec[role]["volumeMounts"] == pod["volumeMounts"], role
+        assert spec[role]["env"][-2:] == pod["env"], role
+    versions = dict(v.split("@") for v in spec["driver"]["annotations"]["chsink.io/secret-versions"].split(","))
+    assert set(versions) == {s3, keys}
+    kubectl("patch", "secret", keys, "-p", json.dumps({"stringData": {"ca.pem": "ROTATED"}}))
+    rotated = get(sink["kube"], "secret", keys)["metadata"]["resourceVersion"]
+    wait_for("the mounted Secret's rotation in the spec", lambda: f"{keys}@{rotated}" in app_of(sink)["spec"][
+        "driver"]["annotations"]["chsink.io/secret-versions"], timeout=30)
+    # the API server refuses what the job could not run with, naming it
+    bad = kubectl("apply", "-f", "-", check=False, input=yaml.safe_dump({
+        "apiVersion": "chsink.io/v1alpha1", "kind": "ClickHouseSink", "metadata": {"name": f"{sink['name']}-bad"},
+        "spec": {"kafka": {"bootstrapServers": "k:9092", "topics": ["t"]}, "checkpointLocation": "/c",
+                 "clickhouse": {"shards": [{"endpoint": "http://c:8123"}], "tables": {"*": "t"}},
+                 "spark": {"volumes": [{"name": "two", "emptyDir": {}, "secret": {"secretName": s3}}]}}}))
+    assert bad.returncode != 0 and "exactly one of persistentVolumeClaim, secret, configMap, emptyDir" in bad.stderr
+    for secret in (s3, keys):
+        kubectl("delete", "secret", secret)
 
 
 def test_entry_point_serves_liveness(chsink_crds, tmp_path):

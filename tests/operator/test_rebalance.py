@@ -104,6 +104,20 @@ def test_growing_then_shrinking_shards_plans_waits_for_approval_drains_then_appl
     print("\n".join([*pending, "", "after approval and the drain:", *shown]), file=sys.__stdout__)
     set_app_state(s, "RUNNING")  # resubmitted under layout 1
 
+    # the status lost (a backup restore, a GitOps tool re-applying the object): the layout comes back as applied,
+    # from the sink's ConfigMap, and the job's config and spec are untouched (nothing restarts or is re-sent)
+    before = {k: cr(s)["status"][k] for k in ("layout", "previousLayout")}
+    cm_before, hash_before = job_config(s), app_of(s)["metadata"]["annotations"]["chsink.io/spec-hash"]
+    wiped = json.loads(s["kube"].kubectl("patch", "clickhousesink", s["name"], "--subresource=status",
+                                         "--type=merge", "-p", '{"status": null}', "-o", "json").stdout)
+    assert "layout" not in (wiped.get("status") or {})
+    wait_for("the layout back", lambda: (cr(s).get("status") or {}).get("layout"))
+    assert {k: cr(s)["status"][k] for k in ("layout", "previousLayout")} == before
+    assert job_config(s) == cm_before
+    assert app_of(s)["metadata"]["annotations"]["chsink.io/spec-hash"] == hash_before
+    assert "LayoutRestored" in s["kube"].kubectl("get", "events", "--field-selector",
+                                                 f"involvedObject.name={s['name']}").stdout
+
     # shrink 3 -> 2, the middle shard removed: exactly its partitions move
     job_config_assignment_v1 = dict(cfg.sharding.assignment)
     on_middle = {tp for tp, shard in job_config_assignment_v1.items() if shard == 1}

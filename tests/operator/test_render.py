@@ -12,7 +12,7 @@ import yaml
 
 from sinkoperator.model import SinkSpec
 from sinkoperator.render import HASH_ANNOTATION, render
-from sparkapp.config import ConfigError
+from sparkapp.config import ConfigError, parse_config
 
 from .test_lifecycle import BAD_SPECS, bad_spec
 
@@ -47,6 +47,20 @@ def test_rendering_is_deterministic_and_hash_tracks_material_changes():
     assert rendered(paused)[1]["spec"]["suspend"] is True
 
 
+def test_where_a_sink_without_state_starts_reaches_the_job():
+    spec = copy.deepcopy(SAMPLE["spec"])
+    topic = spec["kafka"]["topics"][0]
+    for given, ack in (("latest", False), ({topic: {"0": 12}}, False), ("earliest", True)):
+        spec["kafka"].update(startingOffsets=given, acknowledgeRedelivery=ack)
+        cm, _ = rendered(spec)
+        kafka = parse_config(yaml.safe_load(cm["data"]["sink.yaml"])).kafka  # as the job reads it
+        assert (kafka.starting_offsets, kafka.acknowledge_redelivery) == \
+            (given if not isinstance(given, dict) else {topic: {0: 12}}, ack)
+    spec["kafka"]["startingOffsets"] = "newest"
+    with pytest.raises(ConfigError, match="startingOffsets"):
+        rendered(spec)
+
+
 def test_secrets_are_referenced_never_inlined():
     cm, app = rendered()
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in app["spec"]["driver"]["env"]}
@@ -56,6 +70,23 @@ def test_secrets_are_referenced_never_inlined():
     assert cfg["kafka"]["secretOptions"] == {"sasl.password": {"env": "CHSINK_KAFKA_SASL_PASSWORD"}}
     assert app["spec"]["sparkConf"]["spark.speculation"] == "false"
     assert app["spec"]["restartPolicy"]["type"] == "Always"
+
+
+def test_a_sinks_own_env_envfrom_mounts_and_volumes_reach_both_pods_after_the_operators_env():
+    spec = copy.deepcopy(SAMPLE["spec"])
+    volume = {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}
+    pod = {"env": [{"name": "AWS_REGION", "value": "eu-west-1"}], "envFrom": [{"secretRef": {"name": "s3"}}],
+           "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"}]}
+    spec["spark"] = {"volumes": [volume], "driver": pod, "executor": pod}
+    s = rendered(spec)[1]["spec"]
+    assert s["volumes"] == [volume]
+    for role in ("driver", "executor"):
+        assert [e["name"] for e in s[role]["env"]] == ["CHSINK_KAFKA_SASL_PASSWORD", "CHSINK_CLICKHOUSE_PASSWORD",
+                                                       "AWS_REGION"], role
+        assert (s[role]["envFrom"], s[role]["volumeMounts"]) == (pod["envFrom"], pod["volumeMounts"])
+    assert [u.name for u in SinkSpec.parse(spec).spark.secret_uses()] == ["s3", "s3"]  # envFrom of each pod
+    plain = rendered()[1]["spec"]
+    assert "volumes" not in plain and "envFrom" not in plain["driver"] and "volumeMounts" not in plain["executor"]
 
 
 def test_invalid_spec_names_the_field():

@@ -243,12 +243,14 @@ def test_a_stopped_sink_says_stopped_and_its_lag_keeps_counting(sink, kafka):
 
 
 def job_pod(s, role: str, name: str) -> str:
-    """A pod labelled as the spark-operator labels the job's. This test bed has no node, so it stays Pending (not
-    finished) until deleted, and an unscheduled pod is gone as soon as it is deleted."""
+    """A pod labelled as the spark-operator labels the job's, with the ConfigMap its webhook mounts. This test bed
+    has no node, so it stays Pending (not finished) until deleted, and an unscheduled pod is gone as soon as it is
+    deleted."""
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": "default",
                         "labels": {"sparkoperator.k8s.io/app-name": f"chsink-{s['name']}", "spark-role": role}},
-           "spec": {"containers": [{"name": "spark", "image": "chsink-none:0"}]}}
+           "spec": {"containers": [{"name": "spark", "image": "chsink-none:0"}],
+                    "volumes": [{"name": "config", "configMap": {"name": f"chsink-{s['name']}"}}]}}
     s["kube"].kubectl("apply", "-f", "-", input=yaml.safe_dump(pod))
     return name
 

@@ -109,6 +109,27 @@ def test_examples_pass_server_side_dry_run(kube, path):
                          input=yaml.safe_dump_all([cm, app]))
 
 
+S3_SINKS = [p for p in SINKS if any(d and d["kind"] == "ClickHouseSink" and d["spec"]["checkpointLocation"].startswith(
+    "s3a://") for d in yaml.safe_load_all(p.read_text()))]
+
+
+def test_eight_examples_checkpoint_on_s3():
+    assert len(S3_SINKS) == 8, S3_SINKS
+
+
+@pytest.mark.parametrize("path", S3_SINKS, ids=lambda p: p.name)
+def test_an_example_that_checkpoints_on_s3_gives_its_driver_credentials_from_a_secret(path):
+    """The image carries S3A (tests/node/test_images.py); the credentials reach the driver, which alone writes
+    the checkpoint, from a Secret, never inlined."""
+    from sinkoperator.model import SinkSpec
+    from sinkoperator.render import render
+
+    for d in (d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ClickHouseSink"):
+        driver = render("examples", d["metadata"]["name"], SinkSpec.parse(d["spec"]))[1]["spec"]["driver"]
+        assert [s["secretRef"]["name"] for s in driver.get("envFrom", []) if "secretRef" in s] == ["chsink-s3"]
+        assert not any(e["name"].startswith("AWS_") and "value" in e for e in driver["env"])
+
+
 def can_i(kube, sa: str, verb: str, resource: str, namespace: str | None, *extra: str) -> bool:
     ns = ["-n", namespace] if namespace else ["--all-namespaces"]
     res = kube.kubectl("auth", "can-i", verb, resource, *ns, *extra, f"--as=system:serviceaccount:{NS}:{sa}",
@@ -164,6 +185,11 @@ def test_scoped_operator_is_denied_everything_else(scoped_install):
     assert can_i(scoped_install, "scoped-chsink", "watch", "namespaces", None)
     assert can_i(scoped_install, "scoped-chsink", "list", "customresourcedefinitions.apiextensions.k8s.io", None)
     assert not can_i(scoped_install, "scoped-chsink", "get", "namespaces", None)
+    # and read the SparkApplication CRD's schema (is the spark-operator too old for spec.suspend?), no other CRD
+    assert can_i(scoped_install, "scoped-chsink", "get",
+                 "customresourcedefinitions.apiextensions.k8s.io/sparkapplications.sparkoperator.k8s.io", None)
+    assert not can_i(scoped_install, "scoped-chsink", "get",
+                     "customresourcedefinitions.apiextensions.k8s.io/clickhousesinks.chsink.io", None)
     assert not can_i(scoped_install, "scoped-chsink", "patch", "customresourcedefinitions.apiextensions.k8s.io", None)
 
 

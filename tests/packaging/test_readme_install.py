@@ -14,11 +14,36 @@ from hack.testbed.servers import KubeApiServer
 SET_LINE = re.compile(r"^\s*--set 'watchNamespaces=\{data\}'.*$", re.M)
 
 
-def readme_install_block() -> str:
+def readme_blocks() -> list[str]:
+    """The code blocks of README's operator quick start."""
     text = (REPO / "README.md").read_text()
     section = text[text.index("## Quick start: the operator"):]
-    start = section.index("```\n") + 4
-    return section[start:section.index("\n```", start)] + "\n"
+    section = section[:section.index("\n## ", 3)]
+    return [b + "\n" for b in re.findall(r"^```\n(.*?)\n```", section, re.M | re.S)]
+
+
+def readme_install_block() -> str:
+    return next(b for b in readme_blocks() if b.startswith("kubectl create namespace data"))
+
+
+def test_the_readme_spark_operator_line_watches_the_sinks_namespace_at_a_version_with_suspend():
+    """The spark-operator's install line, rendered by its own chart at the version it names: the controller and
+    the webhook watch `data`, and that version's CRD has spec.suspend."""
+    block = readme_blocks()[0]
+    line = " ".join(block.replace("\\\n", " ").splitlines()[1].split())
+    assert line.startswith("helm upgrade --install spark-operator spark-operator/spark-operator"), block
+    version = re.search(r"--version (\S+)", line)
+    assert version and f"v{version.group(1)}" == versions()["SPARK_OPERATOR_VERSION"], line
+    sets = re.findall(r"--set '([^']+)'", line)
+    assert sets == ["spark.jobNamespaces={data}"], line
+    helm = cached(f"helm-{versions()['HELM_VERSION']}") / "bin" / "helm"
+    chart = cached(f"spark-operator-{versions()['SPARK_OPERATOR_VERSION']}") / "chart"
+    out = subprocess.run([str(helm), "template", "spark-operator", str(chart), "-n", "spark-operator",
+                          *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True, check=True).stdout
+    assert "--namespaces=data" in out and "kubernetes.io/metadata.name" in out, out[:2000]
+    crd = cached(f"spark-operator-crds-{versions()['SPARK_OPERATOR_VERSION']}") / \
+        "sparkoperator.k8s.io_sparkapplications.yaml"
+    assert "suspend:" in crd.read_text()
 
 
 def sh(api: KubeApiServer, script: str) -> subprocess.CompletedProcess[str]:

@@ -94,4 +94,9 @@ app.kubernetes.io/component: operator
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
+# the SparkApplication CRD's schema tells whether the spark-operator is too old for spec.suspend
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  resourceNames: [sparkapplications.sparkoperator.k8s.io]
+  verbs: [get]
 {{- end -}}
