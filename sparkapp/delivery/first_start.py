@@ -65,5 +65,6 @@ def _rows_there(cfg: SinkConfig, partitions: dict[str, int]) -> str:
         for shard, endpoint in enumerate(ch.endpoints):
             db = ch.shard_database(shard)
             if n := rows_of_topic(clickhouse_client(ch, endpoint), db, table, topic):
-                found.append(f"{db}.{table} already holds {n} rows of topic {topic}")
+                where = f" on shard {shard} ({endpoint})" if len(ch.endpoints) > 1 else ""
+                found.append(f"{db}.{table}{where} already holds {n} rows of topic {topic}")
     return "; ".join(found)

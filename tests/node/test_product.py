@@ -12,7 +12,9 @@ directory (and to stdout with -s).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +29,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from hack.testbed.node import Cluster
-from hack.testbed.process import REPO, cache_dir, versions
+from hack.testbed.process import REPO, cache_dir, cached, versions
 from tests.e2e.harness import EVENTS_TABLE, BackgroundProducer
 from tests.helpers import events_oldest_first
 
@@ -41,7 +43,14 @@ PARTITIONS = 4
 KAFKA = "10.96.0.20:9092"  # the Services' fixed ClusterIPs (infra.yaml), which the host reaches through kube-proxy
 CLICKHOUSE = ("10.96.0.21", "10.96.0.22")
 JOB_RETRY_S = 45
-CHECKPOINTS, ENV_SECRET = "/checkpoints", "chsink-node-env"  # the driver's volume and its env from a Secret
+# a standby takes an unrenewed Lease within 17 s (docs/operator.md); then its kopf starts and reconciles
+TAKEOVER_BOUND_S = 45
+SCRATCH, ENV_SECRET = "/scratch", "chsink-node-env"  # the driver's own volume and its env from a Secret
+# the node's S3 server (tests/node/infra.yaml) and how S3A reaches it: path-style, plain HTTP
+BUCKET, S3_ACCESS_KEY, S3_SECRET_KEY = "chsink", "chsink", "node-secret-key"
+S3A_CONF = {"spark.hadoop.fs.s3a.endpoint": "http://s3.data.svc.cluster.local:8080",
+            "spark.hadoop.fs.s3a.endpoint.region": "us-east-1", "spark.hadoop.fs.s3a.path.style.access": "true",
+            "spark.hadoop.fs.s3a.connection.ssl.enabled": "false"}
 SHARDS = ("http://clickhouse.data.svc.cluster.local:8123", "http://clickhouse-2.data.svc.cluster.local:8123")
 DB = "e2e"
 UNAVAILABLE = "chsink: unavailable:"  # how the verifier says it could not reach Kafka or ClickHouse
@@ -52,6 +61,7 @@ class Product:
     node: Cluster
     spark_image: str
     log: Path
+    s3_root: Path  # the S3 server's filesystem backend on the host: bucket/key as directories and files
     producer: BackgroundProducer | None = None
     marks: list[str] = field(default_factory=list)
     verifier_pods: int = 0  # each verifier pod gets a new name: the last one may still be terminating
@@ -180,14 +190,15 @@ def sink(shards: int, state: str = "running") -> dict[str, Any]:
             "exactlyOnce": {"engine": "KeeperMap"},
             "batching": {"maxOffsetsPerTrigger": 4000, "blockOffsets": 1000, "triggerInterval": "1 second"},
             "dlq": {"topic": DLQ},
-            # on a volume of the driver pod's own: lost with it (the store is the truth)
-            "checkpointLocation": f"{CHECKPOINTS}/{SINK}",
+            # on the node's S3 server, through S3A, with the credentials from a Secret (ENV_SECRET)
+            "checkpointLocation": f"s3a://{BUCKET}/checkpoints/{SINK}",
             "deletionPolicy": "Delete",
             "spark": {"imagePullPolicy": "Never",  # the image: the chart's default (spark.image)
-                      "volumes": [{"name": "checkpoints", "emptyDir": {"sizeLimit": "1Gi"}}],
+                      "sparkConf": S3A_CONF,
+                      "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}],
                       "driver": {"cores": 1, "coreRequest": "200m", "memory": "768m",
                                  "envFrom": [{"secretRef": {"name": ENV_SECRET}}],
-                                 "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINTS}]},
+                                 "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}]},
                       "executor": {"cores": 1, "coreRequest": "200m", "memory": "768m", "instances": 1}},
         },
     }
@@ -195,7 +206,8 @@ def sink(shards: int, state: str = "running") -> dict[str, Any]:
 
 def _volumes(node: Cluster) -> Path:
     root = node.workdir / "volumes"
-    for name, uid in (("zookeeper", 185), ("kafka", 185), ("clickhouse", 101), ("clickhouse-2", 101)):
+    for name, uid in (("zookeeper", 185), ("kafka", 185), ("clickhouse", 101), ("clickhouse-2", 101), ("s3", 185),
+                      (f"s3/{BUCKET}", 185)):  # a bucket of S3Proxy's filesystem backend is a directory
         (root / name).mkdir(parents=True, exist_ok=True)
         subprocess.run(["chown", f"{uid}:{uid}", str(root / name)], check=True)
     return root
@@ -214,7 +226,10 @@ def product(node: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     node.load([*infra.values(), spark_operator, operator_image, spark_image])
     loaded = time.monotonic()
 
-    manifest = (Path(__file__).parent / "infra.yaml").read_text().replace("@VOLUMES@", str(_volumes(node)))
+    volumes = _volumes(node)
+    manifest = (Path(__file__).parent / "infra.yaml").read_text().replace("@VOLUMES@", str(volumes))
+    manifest = manifest.replace("@S3PROXY@", str(cached(f"s3proxy-{versions()['S3PROXY_VERSION']}"))).replace(
+        "@S3_ACCESS_KEY@", S3_ACCESS_KEY).replace("@S3_SECRET_KEY@", S3_SECRET_KEY)
     for name, image in infra.items():
         manifest = manifest.replace(f"@{name.upper()}@", image)
     node.kubectl("apply", "-f", "-", input=manifest)
@@ -232,14 +247,15 @@ def product(node: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     node.helm("install", "chsink", str(REPO / "charts" / "chsink"), "-n", "chsink-system", "--create-namespace",
               "--wait", "--timeout=3m", "--set", f"image.repository={op_repo}", "--set", f"image.tag={op_tag}",
               "--set", "image.pullPolicy=Never", "--set", f"spark.image={spark_image}",
-              "--set", "watchNamespaces={data}", "--set", "statusIntervalSeconds=3",
+              "--set", "watchNamespaces={data}", "--set", "statusIntervalSeconds=3", "--set", "replicaCount=2",
               # a job held on an error only a fix outside Kubernetes can clear is tried again after 45 s, not 300
               "--set-json", f'extraEnv=[{{"name": "CHSINK_JOB_RETRY_SECONDS", "value": "{JOB_RETRY_S}"}}]')
-    for deployment in ("zookeeper", "kafka", "clickhouse", "clickhouse-2"):
+    for deployment in ("zookeeper", "kafka", "clickhouse", "clickhouse-2", "s3"):
         _rollout(node, NS, deployment)
     installed = time.monotonic()
 
-    node.kubectl("-n", NS, "create", "secret", "generic", ENV_SECRET, "--from-literal=CHSINK_NODE_MARK=from-a-secret")
+    node.kubectl("-n", NS, "create", "secret", "generic", ENV_SECRET, "--from-literal=CHSINK_NODE_MARK=from-a-secret",
+                 f"--from-literal=AWS_ACCESS_KEY_ID={S3_ACCESS_KEY}", f"--from-literal=AWS_SECRET_ACCESS_KEY={S3_SECRET_KEY}")
     kafka = AdminClient({"bootstrap.servers": KAFKA})  # kept: its futures fail once it is collected
     for fut in kafka.create_topics([NewTopic(TOPIC, PARTITIONS, 1), NewTopic(DLQ, 1, 1)]).values():
         fut.result(60)
@@ -249,7 +265,7 @@ def product(node: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         client.command(EVENTS_TABLE.format(db=DB))
 
     log = tmp_path_factory.getbasetemp() / "node-e2e.txt"
-    p = Product(node, spark_image, log)
+    p = Product(node, spark_image, log, volumes / "s3")
     log.write_text(f"images loaded in {loaded - t0:.0f}s; charts and data services installed in "
                    f"{installed - loaded:.0f}s\n")
     yield p
@@ -286,6 +302,53 @@ def _java_commands(p: Product, selector: str) -> list[str]:
     return [line for line in out.splitlines() if line.split(" ", 1)[0].endswith("/java")]
 
 
+def _kill_the_holder_mid_change(p: Product) -> None:
+    """Two replicas from the chart, one holding the Lease: its process is SIGKILLed (from the host, and its pod
+    deleted, so it cannot come back as itself), then the sink's spec changes. The standby takes the Lease, one
+    transition later, and applies the change within the documented bound: no one else could have."""
+    def lease() -> dict[str, Any]:
+        return dict(json.loads(p.node.kubectl("-n", "chsink-system", "get", "lease", "chsink", "-o", "json").stdout)
+                    ["spec"])
+
+    def app_hash() -> str:
+        return str(p.get("sparkapp", APP)["metadata"]["annotations"]["chsink.io/spec-hash"])
+
+    held = lease()
+    holder = held["holderIdentity"]
+    pods = p.node.kubectl("-n", "chsink-system", "get", "pods", "-l", "app.kubernetes.io/name=chsink", "-o",
+                          "jsonpath={.items[*].metadata.name}").stdout.split()
+    standby = next(n for n in pods if n != holder)
+    assert f"the Lease chsink-system/chsink is held by {holder}" in p.node.kubectl(
+        "-n", "chsink-system", "logs", standby).stdout, "the other replica waits as a standby"
+    before = app_hash()
+    killed = _sigkill_pod(holder)
+    p.node.kubectl("-n", "chsink-system", "delete", "pod", holder, "--grace-period=0", "--force", "--wait=false")
+    t0 = time.monotonic()
+    p.kubectl("patch", "chs", SINK, "--type=merge", "-p", '{"spec": {"batching": {"triggerInterval": "2 seconds"}}}')
+    p.wait("the standby applies the change", lambda: app_hash() != before, timeout=90, every=0.5)
+    took = time.monotonic() - t0
+    now = lease()
+    assert (now["holderIdentity"], now.get("leaseTransitions", 0)) == (standby, held.get("leaseTransitions", 0) + 1)
+    log = p.node.kubectl("-n", "chsink-system", "logs", standby).stdout
+    assert f"acquired the Lease chsink-system/chsink as {standby}" in log, log[-3000:]
+    p.marks.append(f"the standby applied a change {took:.1f}s after the holder ({killed} processes) was SIGKILLed")
+    assert took < TAKEOVER_BOUND_S, took
+
+
+def _sigkill_pod(pod: str) -> int:
+    """SIGKILLs, from the host, every process of the pod (the chart gives each POD_NAME): the node is this machine."""
+    n = 0
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"POD_NAME={pod}\0".encode() in env.read_bytes():
+                os.kill(int(env.parent.name), signal.SIGKILL)
+                n += 1
+        except OSError:  # gone meanwhile, or a kernel thread
+            pass
+    assert n, f"no process of pod {pod} found"
+    return n
+
+
 def _delete(p: Product, selector: str, *extra: str) -> Callable[[], None]:
     def act() -> None:
         names = p.kubectl("get", "pods", "-l", selector, "-o", "name").stdout.split()
@@ -303,11 +366,12 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     driver = p.get("pod", f"{APP}-driver")
     assert driver.get("spec", {}).get("volumes"), "the webhook mounted the sink's ConfigMap"
     # the sink's own env from a Secret and its volume reach the driver (the spark-operator's webhook adds them),
-    # and the checkpoint is written on that volume
-    p.wait("the checkpoint on the driver's volume", lambda: "_chsink_sink" in p.kubectl(
-        "exec", f"{APP}-driver", "--", "ls", f"{CHECKPOINTS}/{SINK}", check=False).stdout, timeout=120)
+    # and the checkpoint is written on S3 with the Secret's credentials (S3Proxy keeps each object as a file)
     env = p.kubectl("exec", f"{APP}-driver", "--", "printenv", "CHSINK_NODE_MARK").stdout.strip()
     assert env == "from-a-secret", env
+    p.kubectl("exec", f"{APP}-driver", "--", "test", "-w", SCRATCH)
+    checkpoint = p.s3_root / BUCKET / "checkpoints" / SINK
+    p.wait("the checkpoint on S3", lambda: (checkpoint / "_chsink_sink").is_file(), timeout=120)
     p.wait("the driver starts an executor pod", lambda: "Running" in p.kubectl(
         "get", "pods", "-l", "spark-role=executor", "-o", "jsonpath={.items[*].status.phase}").stdout, timeout=300)
 
@@ -329,10 +393,9 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     # each fault while producing; the Events on the sink tell what it went through
     events = _fault(p, "delete an executor pod", _delete(p, "spark-role=executor"))
     assert "ExecutorLost" in {r for r, _ in events}, events
-    job = _fault(p, "delete the driver pod", _delete(p, "spark-role=driver"))
+    job = _fault(p, "kill the driver pod", _delete(p, "spark-role=driver", "--grace-period=0", "--force"))
     assert any(r != "Running" for r, _ in job), job
-    _fault(p, "delete the operator pod", lambda: p.node.kubectl(
-        "-n", "chsink-system", "delete", "pod", "-l", "app.kubernetes.io/name=chsink", "--wait=false"))
+    _fault(p, "kill the active operator replica with a change pending", lambda: _kill_the_holder_mid_change(p))
     _fault(p, "kill the ClickHouse pod", _delete(p, "app=clickhouse", "--grace-period=0", "--force"))
     def restart_kafka() -> None:
         p.kubectl("rollout", "restart", "deployment/kafka")
@@ -375,6 +438,48 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     with p.log.open("a") as f:
         f.write(f"{'; '.join(p.marks)}; run {time.monotonic() - t0:.0f}s; {p.producer.sent} records\n")
     _a_configuration_error_is_described_and_held(p)
+    _a_recreated_sink_is_refused_until_told_where_to_start(p)
+
+
+def _rows() -> int:
+    return sum(int(str(clickhouse_connect.get_client(host=h, port=8123).command(f"SELECT count() FROM {DB}.events")))
+               for h in CLICKHOUSE)
+
+
+def _a_recreated_sink_is_refused_until_told_where_to_start(p: Product) -> None:
+    """Deleted with deletionPolicy Delete (its state rows gone, its S3 checkpoint kept and named), then applied
+    again as it was: its tables hold rows of its topic and it has no state, so it is refused, naming the choice,
+    instead of delivering the topic a second time; told `startingOffsets: latest`, it delivers only what comes
+    after, once."""
+    t0 = time.monotonic()
+    rows = _rows()
+    p.kubectl("delete", "chs", SINK, "--wait=true", "--timeout=180s")
+    kept = [m for r, m in p.sink_events() if r == "CheckpointCleanup"]
+    assert kept and "kept" in kept[-1] and f"s3a://{BUCKET}/" in kept[-1], kept
+    again = sink(shards=2)
+    p.node.kubectl("apply", "-f", "-", input=json.dumps(again))
+
+    def degraded() -> dict[str, Any]:
+        conds = p.get("chs", SINK).get("status", {}).get("conditions", [])
+        return next((c for c in conds if c["type"] == "Degraded"), {})
+
+    p.wait("refused", lambda: degraded().get("reason") == "JobConfigError", timeout=420)
+    message = degraded()["message"]
+    assert "startingOffsets" in message and "events" in message, message
+    assert _rows() == rows, "nothing delivered again"
+    again["spec"]["kafka"]["startingOffsets"] = "latest"
+    p.node.kubectl("apply", "-f", "-", input=json.dumps(again))
+    p.wait("running from latest", lambda: p.state() == "Running", timeout=420)
+    p.producer = BackgroundProducer(SimpleNamespace(bootstrap=KAFKA), TOPIC, total=3000,  # type: ignore[arg-type]
+                                    per_second=300, partitions=PARTITIONS)
+    p.producer.start()
+    p.wait("3,000 records produced", lambda: p.producer is not None and p.producer.sent >= 3000, timeout=120)
+    p.producer.finish()
+    p.catch_up("the records after the re-creation")
+    assert _rows() == rows + p.producer.sent - p.producer.bad, (rows, p.producer.sent, p.producer.bad)
+    p.verify()
+    with p.log.open("a") as f:
+        f.write(f"--- re-created: refused, then from latest, {time.monotonic() - t0:.0f}s\n{message}\n")
 
 
 def _a_configuration_error_is_described_and_held(p: Product) -> None:
