@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from sinkoperator.podspec import KUBERNETES_TYPED
+
 REPO = Path(__file__).resolve().parents[1]
 CRDS = ("chsink.io_clickhousesinks.yaml", "chsink.io_sinkstatuses.yaml")
 OUT = REPO / "docs" / "reference" / "crd.md"
@@ -51,6 +53,8 @@ def _rows(node: dict[str, Any], path: str, required: bool) -> list[str]:
         if bound in node:
             notes.append(f"{bound} `{_cell(node[bound])}`")
     rows = [f"| `{path}` | {_type(node)} | {'; '.join(notes)} | {_text(node.get('description', ''))} |"] if path else []
+    if path.rsplit(".", 1)[-1] in KUBERNETES_TYPED and ".spark." in f".{path}":
+        return rows  # core/v1's own type, documented by Kubernetes (`kubectl explain` walks it)
     for rule in node.get("x-kubernetes-validations", []):
         rows.append(f"| `{path or '.'}` | rule | `{_cell(rule['rule'])}` | {_text(rule.get('message', ''))} |")
     inner = node.get("items", {}) if node.get("type") == "array" else node

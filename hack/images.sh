@@ -69,6 +69,9 @@ base() {
   cp "$here/images/pause/Containerfile" "$ctx/"
   bud chsink.local/pause:3.10 "$ctx"
   rm -rf "$ctx"; ctx=$(mktemp -d)
+  cp "$CACHE/k8s-$K8S_VERSION-$K8S_BUILD/bin/kubectl" "$here/images/kubectl/Containerfile" "$ctx/"
+  bud "chsink.local/kubectl:$K8S_VERSION" "$ctx"
+  rm -rf "$ctx"; ctx=$(mktemp -d)
   cp "$CACHE/coredns-$COREDNS_VERSION/bin/coredns" "$here/images/coredns/Containerfile" "$ctx/"
   bud "chsink.local/coredns:$COREDNS_VERSION" "$ctx"
   rm -rf "$ctx"

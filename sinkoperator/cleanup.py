@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import kopf
 
-from sparkapp.config import CHECKPOINT_ENTRIES, CHECKPOINT_MARKER, SinkConfig
+from sparkapp.config import SinkConfig, is_local_path
+from sparkapp.edges import checkpoint as checkpoint_files
 
 from . import kube
 from .access import open_store, operator_config
 from .model import SinkSpec
+from .render import Defaults, checkpoint_job, checkpoint_job_name
 from .spec import FORCE_DELETE_ANNOTATION, object_name
 
 
@@ -31,31 +32,35 @@ def clean_removed_topics(body: Any, cfg: SinkConfig, topics: list[str]) -> int:
     return n
 
 
+class CleanupPending(Exception):  # not an error: the finalizer looks again shortly
+    """The cleanup Job of a remote checkpoint has not finished yet."""
+
+
 def delete_checkpoint(location: str, sink: str) -> str:
-    """Deletes what chsink wrote under a checkpoint the operator can reach (a local or mounted path), and only
-    when its marker names this sink: never a directory chsink did not claim, nor anything else in it. Returns
-    what happened, for the Event."""
+    """Deletes what chsink wrote under a checkpoint the operator's pod reaches (a local or mounted path) as
+    edges.checkpoint decides. Returns what happened, for the Event."""
     local = location.removeprefix("file://")
-    path = Path(local)
-    if not local.startswith("/"):  # s3a://, hdfs://, gs://...: the operator has neither their clients nor keys
-        return (f"checkpoint {location} kept: the operator deletes local or mounted paths only; delete it with "
-                f"the storage's own tools")
-    marker = path / CHECKPOINT_MARKER
-    if not marker.is_file():
-        return f"checkpoint {location} kept: it has no {CHECKPOINT_MARKER} file, so chsink did not create it"
-    owner = marker.read_text().strip()
-    if owner != sink:
-        return f"checkpoint {location} kept: its {CHECKPOINT_MARKER} names sink {owner!r}, not {sink!r}"
-    for entry in path.iterdir():
-        name = entry.name.lstrip(".")
-        if entry.name.startswith("run-") or name in CHECKPOINT_ENTRIES:
-            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    marker.unlink()
-    left = sorted(e.name for e in path.iterdir())
-    if left:
-        return f"deleted chsink's checkpoint files under {location}; kept what else is there: {left[:10]}"
-    path.rmdir()
-    return f"deleted checkpoint {location}"
+    if not local.startswith("/"):
+        return f"checkpoint {location} is not a path the operator's pod reaches"
+    return checkpoint_files.delete_checkpoint(checkpoint_files.LocalFiles(Path(local)), location, sink)
+
+
+def delete_remote_checkpoint(namespace: str, name: str, spec: SinkSpec, sink: str) -> tuple[bool, str]:
+    """A checkpoint on s3a://, hdfs:// or another remote file system goes through a Job in the sink's namespace,
+    with the job's image and the driver's credentials (render.checkpoint_job). (deleted or kept as the marker
+    allows, what happened) once the Job is done; CleanupPending until then."""
+    job = checkpoint_job_name(name)
+    run = kube.job_run(namespace, job)
+    if run is None:
+        kube.create_job(checkpoint_job(namespace, name, spec, sink, Defaults.from_env()))
+        raise CleanupPending(f"deleting checkpoint {spec.checkpoint_location}: Job {job} started")
+    if not run.done:
+        raise CleanupPending(f"deleting checkpoint {spec.checkpoint_location}: Job {job} runs")
+    kube.delete_job(namespace, job)
+    if run.succeeded:
+        return True, run.message or f"deleted checkpoint {spec.checkpoint_location}"
+    return False, (f"checkpoint {spec.checkpoint_location} kept: Job {job} failed: "
+                   f"{run.message or 'it left no message'}; delete it with the storage's own tools")
 
 
 def cleanup(body: Any, namespace: str, name: str, spec: SinkSpec, meta: dict[str, Any]) -> None:
@@ -69,6 +74,11 @@ def cleanup(body: Any, namespace: str, name: str, spec: SinkSpec, meta: dict[str
         return
     kube.delete_app(namespace, object_name(name), wait_s=60)
     cfg = operator_config(namespace, name, spec)
+    # the checkpoint first: a retry after it finds the Job gone and the state rows still there, never the reverse
+    if is_local_path(cfg.checkpoint_location, spec.spark.spark_conf.get("spark.hadoop.fs.defaultFS", "file:///")):
+        done, checkpoint = True, delete_checkpoint(cfg.checkpoint_location, cfg.name)
+    else:
+        done, checkpoint = delete_remote_checkpoint(namespace, name, spec, cfg.name)
     n = open_store(cfg).delete(cfg.name)
-    kopf.info(body, reason="CheckpointCleanup", message=delete_checkpoint(cfg.checkpoint_location, cfg.name))
+    (kopf.info if done else kopf.warn)(body, reason="CheckpointCleanup", message=checkpoint)
     kopf.info(body, reason="Cleaned", message=f"deleted {n} partition state row(s) of sink {cfg.name}")

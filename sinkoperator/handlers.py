@@ -23,6 +23,7 @@ from .spec import FORCE_DELETE_ANNOTATION, GROUP, PLURAL, VERSION, Reason
 
 STATUS_INTERVAL = float(os.environ.get("CHSINK_STATUS_INTERVAL", "30"))
 RETRY_DELAY = float(os.environ.get("CHSINK_RETRY_DELAY", "10"))
+CLEANUP_POLL_S = 3.0  # how often a deletion looks at its checkpoint cleanup Job
 
 
 @kopf.on.login()
@@ -81,6 +82,11 @@ def finalize(*, body: Any, namespace: Any, name: Any, spec: Any, meta: Any, stat
     with reconciler.lock(namespace, name):  # a reconcile begun before the deletion ends first
         try:
             cleanup.cleanup(body, namespace, name, sink, dict(meta))
+        except cleanup.CleanupPending as e:  # the checkpoint's cleanup Job runs: not a failure, looked at again soon
+            old = SinkStatus.of((kube.get_sink(namespace, name) or {}).get("status"))
+            recorder.record(body, old, old, Observed(sink.state, None, app_message=str(e), deleting=True),
+                            int(meta.get("generation", 0)))
+            raise kopf.TemporaryError(str(e), delay=CLEANUP_POLL_S) from None
         except Exception as e:
             msg = f"{problems.classify(e).message}; retried. Annotate {FORCE_DELETE_ANNOTATION}=true to release it"
             old = SinkStatus.of((kube.get_sink(namespace, name) or {}).get("status"))  # as the last try wrote it

@@ -1,6 +1,6 @@
-"""The operator's Kubernetes API calls for the objects it owns (ConfigMap, SparkApplication), the pods the
-spark-operator runs for them, the Spark driver's identity in a sink's namespace, and the Secrets a sink names.
-Status is written by status.py alone."""
+"""The operator's Kubernetes API calls for the objects it owns (ConfigMap, SparkApplication, a deleted sink's
+checkpoint cleanup Job), the pods the spark-operator runs for them, the Spark driver's identity in a sink's
+namespace, and the Secrets a sink names. Status is written by status.py alone."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .podspec import SecretUse, env_secret_uses
+from .podspec import CONFIG_MAP, ObjectUse, env_object_uses
 from .spec import GROUP, HASH_ANNOTATION, LOST_EXECUTOR_STATES, PLURAL, SPARK, VERSION
 
 
@@ -235,6 +235,51 @@ def delete_app(namespace: str, name: str, wait_s: float = 0) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class JobRun:
+    """Where a Job is: done (succeeded or failed) or not, with its pod's termination message once done."""
+
+    done: bool
+    succeeded: bool
+    message: str
+
+
+def job_run(namespace: str, name: str) -> JobRun | None:
+    """The Job's run, None when there is no such Job."""
+    try:
+        job = client.BatchV1Api().read_namespaced_job(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    st = job.status
+    succeeded, failed = bool(st and st.succeeded), bool(st and st.failed and any(
+        c.type == "Failed" and c.status == "True" for c in st.conditions or []))
+    if not (succeeded or failed):
+        return JobRun(False, False, "")
+    pods = client.CoreV1Api().list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
+    messages = [str(c.state.terminated.message or "").strip() for p in pods if p.status
+                for c in p.status.container_statuses or [] if c.state and c.state.terminated]
+    return JobRun(True, succeeded, next((m for m in reversed(messages) if m), ""))
+
+
+def create_job(job: dict[str, Any]) -> None:
+    try:
+        client.BatchV1Api().create_namespaced_job(job["metadata"]["namespace"], job)  # type: ignore[arg-type]
+    except ApiException as e:
+        if e.status != 409:  # created by an earlier try
+            raise
+
+
+def delete_job(namespace: str, name: str) -> None:
+    """Deletes the Job and, in the background, its pods."""
+    try:
+        client.BatchV1Api().delete_namespaced_job(name, namespace, propagation_policy="Background")
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
 _IDENTITIES: set[tuple[str, str, str]] = set()  # (namespace, account, role) known to exist: one check each
 
 
@@ -268,10 +313,10 @@ def ensure_driver_identity(namespace: str, account: str, role: str) -> list[str]
 
 
 class SecretUnavailableError(Exception):
-    """A Secret the sink names cannot be read, or lacks the key: fixed outside the spec, so retried."""
+    """A Secret or ConfigMap the sink names cannot be read, or lacks the key: fixed outside the spec, so retried."""
 
 
-def _secrets(namespace: str, uses: Iterable[SecretUse]) -> dict[str, client.V1Secret]:
+def _secrets(namespace: str, uses: Iterable[ObjectUse]) -> dict[str, client.V1Secret]:
     """The Secrets `uses` name, each read once with `get`, each holding the key it is used for; a missing optional
     one is left out. Errors name the field, the Secret and the key."""
     core = client.CoreV1Api()
@@ -298,7 +343,7 @@ def _secrets(namespace: str, uses: Iterable[SecretUse]) -> dict[str, client.V1Se
 
 def secret_values(namespace: str, refs: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
     """Env name -> value for (spec field, secretKeyRef env var) pairs."""
-    secrets = _secrets(namespace, env_secret_uses(refs))
+    secrets = _secrets(namespace, env_object_uses(refs))
     out: dict[str, str] = {}
     for _, var in refs:
         ref = var["valueFrom"]["secretKeyRef"]
@@ -306,11 +351,30 @@ def secret_values(namespace: str, refs: list[tuple[str, dict[str, Any]]]) -> dic
     return out
 
 
-def secret_versions(namespace: str, uses: Iterable[SecretUse]) -> dict[str, str]:
-    """Secret name -> resourceVersion, for the Secrets `uses` name: a rotation changes it (values never leave
-    the Secret: a hash of a short password in an annotation could be guessed back)."""
-    return {name: str(secret.metadata.resource_version if secret.metadata else "")
-            for name, secret in _secrets(namespace, uses).items()}
+def object_versions(namespace: str, uses: Iterable[ObjectUse]) -> dict[str, str]:
+    """Secret name (or "configmap/" + ConfigMap name) -> resourceVersion, for the objects `uses` name: a change of
+    one changes it (values never leave the Secret: a hash of a short password in an annotation could be guessed
+    back)."""
+    uses = list(uses)
+    versions = {name: _version(secret)
+                for name, secret in _secrets(namespace, [u for u in uses if u.kind != CONFIG_MAP]).items()}
+    core = client.CoreV1Api()
+    for use in (u for u in uses if u.kind == CONFIG_MAP):
+        if f"configmap/{use.name}" in versions:
+            continue
+        try:
+            versions[f"configmap/{use.name}"] = _version(core.read_namespaced_config_map(use.name, namespace))
+        except ApiException as e:
+            if e.status == 404 and use.optional:
+                continue
+            why = "it does not exist" if e.status == 404 else f"{e.status} {e.reason}"
+            raise SecretUnavailableError(f"{use.field}: cannot read ConfigMap {namespace}/{use.name}: {why}") \
+                from None
+    return versions
+
+
+def _version(obj: Any) -> str:
+    return str(obj.metadata.resource_version if obj.metadata else "")
 
 
 def upsert_status_object(group_version: tuple[str, str], namespace: str, plural: str, obj: dict[str, Any]) -> None:

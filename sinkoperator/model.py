@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sparkapp.config import BatchingConfig, ConfigError, DlqConfig, FormatConfig, Strict, validation_lines
 
-from .podspec import PodExtras, SecretUse, Volume, secret_uses
+from .podspec import ObjectUse, PodExtras, Volume, object_uses
 from .spec import (
     CONFIG_DIR,
     OWNED_ENV,
@@ -24,6 +24,9 @@ from .spec import (
     RebalancePhase,
     SinkState,
 )
+
+CPU = r"^[0-9]+(\.[0-9]+)?m?$"  # Spark's cores as Kubernetes takes them: "1", "0.5", "500m"
+JVM_MEMORY = r"^[0-9]+[kmgtKMGT]?$"  # a JVM size as Spark takes it: "512m", "2g"
 
 # the operator must own these Spark settings: a user value would silently break a promise
 OWNED_SPARK_CONF = {
@@ -106,8 +109,11 @@ class ShardingSpec(Strict):
 class Driver(PodExtras):
     cores: int = Field(default=1, ge=1)
     # what the pod requests from the scheduler, when less than `cores` (Spark's coreRequest, e.g. "500m")
-    core_request: str | None = Field(default=None, alias="coreRequest", pattern=r"^[0-9]+(\.[0-9]+)?m?$")
-    memory: str = "1g"
+    core_request: str | None = Field(default=None, alias="coreRequest", pattern=CPU)
+    core_limit: str | None = Field(default=None, alias="coreLimit", pattern=CPU)
+    memory: str = Field(default="1g", pattern=JVM_MEMORY)
+    # beyond the JVM's heap (Python workers, Arrow buffers, off-heap): Spark's default is max(384m, 10%)
+    memory_overhead: str | None = Field(default=None, alias="memoryOverhead", pattern=JVM_MEMORY)
 
 
 class Executor(Driver):
@@ -153,10 +159,10 @@ class SparkSpec(Strict):
                                      "or clickhouse.credentialsSecretRef)")
         return self
 
-    def secret_uses(self) -> list[SecretUse]:
+    def object_uses(self) -> list[ObjectUse]:
         """The Secrets the driver and the executors read through their own env, envFrom and volumes."""
-        return [*secret_uses("spec.spark.driver", self.driver, self.volumes),
-                *secret_uses("spec.spark.executor", self.executor, self.volumes)]
+        return [*object_uses("spec.spark.driver", self.driver, self.volumes),
+                *object_uses("spec.spark.executor", self.executor, self.volumes)]
 
 
 class SinkSpec(Strict):

@@ -1,5 +1,5 @@
 """The parts of a Kubernetes pod a ClickHouseSink may give its Spark pods: environment from Secrets and
-ConfigMaps, and volumes (pure).
+ConfigMaps, volumes, and the pod template's scheduling, security and metadata (pure).
 
 Each is the core/v1 type under its own field names, narrowed to what a sink needs (a checkpoint on S3 with its
 credentials from a Secret, or on a PersistentVolumeClaim): a field outside them is refused by name, where a
@@ -18,6 +18,7 @@ from sparkapp.config import Strict
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$"
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"  # what the API server takes for an environment variable's name
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 def _one_of(model: Strict, fields: tuple[str, ...], what: str) -> None:
@@ -128,41 +129,88 @@ class VolumeMount(Strict):
 
 
 class PodExtras(Strict):
-    """What a driver or an executor pod gets beyond its resources."""
+    """What a driver or an executor pod gets beyond its resources: its environment and mounts, and its template
+    (scheduling, security, metadata)."""
 
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     env_from: list[EnvFromSource] = Field(default_factory=list, alias="envFrom", max_length=16)
     volume_mounts: list[VolumeMount] = Field(default_factory=list, alias="volumeMounts", max_length=32)
+    # Kubernetes' own types, checked by the CRD with core/v1's schemas (KUBERNETES_TYPED); passed through whole
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=32)
+    affinity: dict[str, Any] | None = None
+    pod_security_context: dict[str, Any] | None = Field(default=None, alias="podSecurityContext")
+    security_context: dict[str, Any] | None = Field(default=None, alias="securityContext")
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    priority_class_name: str | None = Field(default=None, alias="priorityClassName", pattern=DNS_SUBDOMAIN,
+                                            max_length=253)
+    termination_grace_period_seconds: int | None = Field(default=None, alias="terminationGracePeriodSeconds", ge=0)
+
+    @model_validator(mode="after")
+    def _owned_metadata(self) -> PodExtras:
+        for what, keys in (("labels", self.labels), ("annotations", self.annotations)):
+            if owned := sorted(k for k in keys if k.split("/", 1)[0] in OWNED_PREFIXES or k in OWNED_LABELS):
+                raise ValueError(f"{what}: {owned} are set by the operator or the spark-operator")
+        return self
 
 
-class SecretUse(NamedTuple):
-    """A Secret a sink's pods read: the spec field naming it, its name, the key it must hold (None: the whole
-    Secret), and whether it may be missing."""
+# the template fields whose schema is core/v1's, as the spark-operator's CRD has them (tests compare the two)
+KUBERNETES_TYPED = ("tolerations", "affinity", "podSecurityContext", "securityContext")
+# label and annotation keys the operator and the spark-operator set on the pods and select them by
+OWNED_PREFIXES = frozenset({"chsink.io", "sparkoperator.k8s.io", "prometheus.io"})
+OWNED_LABELS = frozenset({"spark-role", "spark-app-selector", "spark-app-name", "spark-exec-id",
+                          "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by"})
+
+# Pod Security `restricted` for the Spark pods when a sink gives no security context: non-root (the Spark
+# image's user, 185), no privilege escalation, every capability dropped, the runtime's default seccomp profile;
+# fsGroup makes a mounted volume (a checkpoint's PVC) writable by that user.
+SPARK_USER = 185
+RESTRICTED_POD: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": SPARK_USER, "fsGroup": SPARK_USER,
+                                  "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                        "runAsNonRoot": True}
+
+
+class ObjectUse(NamedTuple):
+    """A Secret or ConfigMap a sink's pods read: the spec field naming it, its name, the key it must hold (None:
+    the whole object), whether it may be missing, and its kind."""
 
     field: str
     name: str
     key: str | None
     optional: bool
+    kind: str = "Secret"
 
 
-def secret_uses(field: str, pod: PodExtras, volumes: list[Volume]) -> Iterator[SecretUse]:
-    """The Secrets `pod` (at `field`) reads through its env, envFrom and the volumes it mounts."""
+CONFIG_MAP = "ConfigMap"
+
+
+def object_uses(field: str, pod: PodExtras, volumes: list[Volume]) -> Iterator[ObjectUse]:
+    """The Secrets and ConfigMaps `pod` (at `field`) reads through its env, envFrom and the volumes it mounts."""
     for i, var in enumerate(pod.env):
-        ref = var.value_from.secret_key_ref if var.value_from else None
-        if ref is not None:
-            yield SecretUse(f"{field}.env[{i}]", ref.name, ref.key, bool(ref.optional))
+        source = var.value_from
+        for ref, kind in ((source.secret_key_ref, "Secret"), (source.config_map_key_ref, CONFIG_MAP)) if source else ():
+            if ref is not None:
+                yield ObjectUse(f"{field}.env[{i}]", ref.name, ref.key, bool(ref.optional), kind)
     for i, src in enumerate(pod.env_from):
-        if src.secret_ref is not None:
-            yield SecretUse(f"{field}.envFrom[{i}]", src.secret_ref.name, None, bool(src.secret_ref.optional))
+        for whole, kind in ((src.secret_ref, "Secret"), (src.config_map_ref, CONFIG_MAP)):
+            if whole is not None:
+                yield ObjectUse(f"{field}.envFrom[{i}]", whole.name, None, bool(whole.optional), kind)
     mounted = {m.name for m in pod.volume_mounts}
     for i, vol in enumerate(volumes):
-        if vol.secret is not None and vol.name in mounted:
-            yield SecretUse(f"spec.spark.volumes[{i}]", vol.secret.secret_name, None, bool(vol.secret.optional))
+        if vol.name not in mounted:
+            continue
+        if vol.secret is not None:
+            yield ObjectUse(f"spec.spark.volumes[{i}]", vol.secret.secret_name, None, bool(vol.secret.optional))
+        if vol.config_map is not None:
+            yield ObjectUse(f"spec.spark.volumes[{i}]", vol.config_map.name, None, bool(vol.config_map.optional),
+                            CONFIG_MAP)
 
 
-def env_secret_uses(refs: list[tuple[str, dict[str, Any]]]) -> list[SecretUse]:
+def env_object_uses(refs: list[tuple[str, dict[str, Any]]]) -> list[ObjectUse]:
     """(spec field, secretKeyRef env var) pairs as the Secrets they read."""
-    return [SecretUse(field, var["valueFrom"]["secretKeyRef"]["name"], var["valueFrom"]["secretKeyRef"]["key"], False)
+    return [ObjectUse(field, var["valueFrom"]["secretKeyRef"]["name"], var["valueFrom"]["secretKeyRef"]["key"], False)
             for field, var in refs]
 
 

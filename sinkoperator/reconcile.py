@@ -29,7 +29,7 @@ from .lifecycle import Observed, Problem, named
 from .model import JobFailure, Rebalance, SinkSpec, SinkStatus
 from .problems import classify, invalid_spec
 from .rebalance import initial_layout, plan, same_shards, spec_layout
-from .render import Defaults, kept_layout, render, secret_uses, sink_config
+from .render import Defaults, kept_layout, object_uses, render, sink_config
 from .spec import (
     APPROVAL_ANNOTATION,
     APPROVE_ANNOTATION,
@@ -142,15 +142,15 @@ def _apply(body: Any, spec: SinkSpec, old: SinkStatus) -> tuple[SinkStatus, str,
     draining = shards.rebalance is not None and shards.rebalance.phase is RebalancePhase.DRAINING
     defaults = Defaults.from_env()
     running = spec.state is not DesiredState.STOPPED
-    versions = kube.secret_versions(namespace, secret_uses(spec)) if running else {}
+    versions = kube.object_versions(namespace, object_uses(spec)) if running else {}
     cm, app = render(namespace, name, spec, nonce, defaults, shards.dump(), suspend=draining,
-                     secret_versions=versions)
+                     object_versions=versions)
     last = old.spark_application.last_failure
     hold = last if running and not draining and jobfailure.held(
         last, app["metadata"]["annotations"][HASH_ANNOTATION], dt.datetime.now(dt.UTC), job_retry_seconds()) else None
     if hold is not None:  # what it would run with is what failed: suspended, not resubmitted
         cm, app = render(namespace, name, spec, nonce, defaults, shards.dump(), suspend=True,
-                         secret_versions=versions)
+                         object_versions=versions)
     obj = object_name(name)
     if not running:
         changed = "deleted" if kube.delete_app(namespace, obj) else "unchanged"

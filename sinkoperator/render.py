@@ -22,7 +22,7 @@ import yaml
 from sparkapp.config import SinkConfig, parse_config, with_jvm_defaults
 
 from .model import SinkSpec
-from .podspec import PodExtras, SecretUse, dump, env_secret_uses
+from .podspec import RESTRICTED_CONTAINER, RESTRICTED_POD, ObjectUse, PodExtras, dump, env_object_uses
 from .rebalance import initial_layout, previous_config, routing
 from .spec import (
     CONFIG_DIR,
@@ -135,21 +135,21 @@ def secret_refs(spec: SinkSpec) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def secret_uses(spec: SinkSpec) -> list[SecretUse]:
+def object_uses(spec: SinkSpec) -> list[ObjectUse]:
     """Every Secret the sink's pods read: those the operator binds into env vars and the pods' own."""
-    return [*env_secret_uses(secret_refs(spec)), *spec.spark.secret_uses()]
+    return [*env_object_uses(secret_refs(spec)), *spec.spark.object_uses()]
 
 
 def spec_hash(material: Any) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def restart_annotations(nonce: str, secret_versions: Mapping[str, str]) -> dict[str, str]:
+def restart_annotations(nonce: str, object_versions: Mapping[str, str]) -> dict[str, str]:
     """The driver's annotations that restart the job when they change: the spark-operator resubmits an application
     only on a change of its spec, and the job reads its Secrets only at pod start."""
     out = {NONCE_ANNOTATION: nonce} if nonce else {}
-    if secret_versions:
-        out[SECRET_VERSIONS_ANNOTATION] = ",".join(f"{n}@{v}" for n, v in sorted(secret_versions.items()))
+    if object_versions:
+        out[SECRET_VERSIONS_ANNOTATION] = ",".join(f"{n}@{v}" for n, v in sorted(object_versions.items()))
     return out
 
 
@@ -180,12 +180,27 @@ def pod_extras(env: list[dict[str, Any]], pod: PodExtras) -> dict[str, Any]:
     return out
 
 
+def pod_template(pod: PodExtras) -> dict[str, Any]:
+    """A driver's or executors' scheduling and security, as the SparkApplication names them: Pod Security
+    `restricted` unless the sink gives its own security contexts (each replaces its default whole)."""
+    out: dict[str, Any] = {
+        "podSecurityContext": pod.pod_security_context if pod.pod_security_context is not None else RESTRICTED_POD,
+        "securityContext": pod.security_context if pod.security_context is not None else RESTRICTED_CONTAINER}
+    for key, value in (("nodeSelector", pod.node_selector), ("tolerations", pod.tolerations),
+                       ("affinity", pod.affinity), ("priorityClassName", pod.priority_class_name),
+                       ("terminationGracePeriodSeconds", pod.termination_grace_period_seconds)):
+        if value:
+            out[key] = value
+    return out
+
+
 def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
            defaults: Defaults = Defaults(), status: Mapping[str, Any] | None = None,
-           suspend: bool = False, secret_versions: Mapping[str, str] | None = None,
+           suspend: bool = False, object_versions: Mapping[str, str] | None = None,
            ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (ConfigMap, SparkApplication) for a ClickHouseSink; `suspend` drains it (a rebalance);
-    `secret_versions` (name -> resourceVersion of the Secrets it names) restarts it on a rotation."""
+    `object_versions` (kube.object_versions of the Secrets and ConfigMaps its pods read) restarts it when one
+    changes."""
     cfg = sink_config(namespace, name, spec, status)
     labels = {"app.kubernetes.io/name": "chsink", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/managed-by": "chsink-operator", f"{GROUP}/sink": name}
@@ -202,23 +217,26 @@ def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
             "spark.kubernetes.driver.annotation.chsink.io/sink": name}
     driver: dict[str, Any] = {
         "cores": spark.driver.cores, "memory": spark.driver.memory,
-        "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}],
-        **pod_extras(env, spark.driver),
+        "labels": {**spark.driver.labels, **labels}, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}],
+        **pod_extras(env, spark.driver), **pod_template(spark.driver),
         # the job's Prometheus endpoint (rows, inserts, retries, fencing, lag, batch durations)
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
-        "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
-                        **restart_annotations(nonce, secret_versions or {})},
+        "annotations": {**spark.driver.annotations, "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(METRICS_PORT), **restart_annotations(nonce, object_versions or {})},
     }
-    if spark.driver.core_request:
-        driver["coreRequest"] = spark.driver.core_request
     if spark.service_account or defaults.service_account:
         driver["serviceAccount"] = spark.service_account or defaults.service_account
     ex = spark.executor
     executor = {"cores": ex.cores, "memory": ex.memory, "instances": ex.instances,
-                "labels": labels, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}],
-                **pod_extras(env, ex)}
-    if ex.core_request:
-        executor["coreRequest"] = ex.core_request
+                "labels": {**ex.labels, **labels}, "configMaps": [{"name": object_name(name), "path": CONFIG_DIR}],
+                **pod_extras(env, ex), **pod_template(ex)}
+    if ex.annotations:
+        executor["annotations"] = dict(ex.annotations)
+    for pod, out in ((spark.driver, driver), (ex, executor)):
+        for key, value in (("coreRequest", pod.core_request), ("coreLimit", pod.core_limit),
+                           ("memoryOverhead", pod.memory_overhead)):
+            if value:
+                out[key] = value
     app_spec: dict[str, Any] = {
         "type": "Python", "pythonVersion": "3", "mode": "cluster",
         "image": spark.image or defaults.image, "imagePullPolicy": spark.image_pull_policy,
@@ -243,3 +261,46 @@ def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
                         "annotations": {HASH_ANNOTATION: digest}},
            "spec": app_spec}
     return cm, app
+
+
+def checkpoint_job_name(name: str) -> str:
+    return f"{object_name(name)}-checkpoint-cleanup"
+
+
+# the cleanup Job's local Spark session: the smallest heap Spark starts with (it refuses under 450 MB:
+# INVALID_DRIVER_MEMORY), in a pod sized for it and the JVM's own memory
+CLEANUP_JVM_HEAP = "512m"
+CLEANUP_RESOURCES = {"requests": {"cpu": "100m", "memory": "768Mi"}, "limits": {"memory": "1280Mi"}}
+
+
+def checkpoint_job(namespace: str, name: str, spec: SinkSpec, sink: str, defaults: Defaults = Defaults(),
+                   ) -> dict[str, Any]:
+    """The Job that deletes a remote checkpoint (s3a://, hdfs://...) of a deleted sink: the job's image, which has
+    those file systems' clients, with what the driver gets to reach them (its ServiceAccount, env, envFrom,
+    volumes and the sparkConf's Hadoop settings) and its pod template, running `delete-checkpoint`."""
+    spark = spec.spark
+    hadoop = {k: v for k, v in sorted(spark.spark_conf.items()) if k.startswith("spark.hadoop.")}
+    conf = [f"--conf={k}={v}" for k, v in {**hadoop, "spark.driver.memory": CLEANUP_JVM_HEAP}.items()]
+    container: dict[str, Any] = {
+        "name": "checkpoint-cleanup", "image": spark.image or defaults.image,
+        "imagePullPolicy": spark.image_pull_policy,
+        "command": ["python3", "/opt/chsink/main.py", "delete-checkpoint", f"--location={spec.checkpoint_location}",
+                    f"--sink={sink}", *conf],
+        "resources": CLEANUP_RESOURCES, **pod_extras([], spark.driver)}
+    # where and how the driver runs, under a pod's own names
+    template = pod_template(spark.driver)
+    container["securityContext"] = template.pop("securityContext")
+    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container],
+                           "securityContext": template.pop("podSecurityContext"), **template}
+    if spark.service_account or defaults.service_account:
+        pod["serviceAccountName"] = spark.service_account or defaults.service_account
+    if spark.volumes:
+        pod["volumes"] = dump(spark.volumes)
+    labels = {"app.kubernetes.io/name": "chsink", "app.kubernetes.io/instance": name,
+              "app.kubernetes.io/managed-by": "chsink-operator", "app.kubernetes.io/component": "checkpoint-cleanup",
+              f"{GROUP}/sink": name}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": checkpoint_job_name(name), "namespace": namespace, "labels": labels},
+            # a try or two for a flaky store; kept an hour for `kubectl logs` should the operator not delete it
+            "spec": {"backoffLimit": 1, "activeDeadlineSeconds": 600, "ttlSecondsAfterFinished": 3600,
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}

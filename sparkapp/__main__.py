@@ -1,4 +1,5 @@
-"""`python -m sparkapp run|verify|state` — the job's entry point (also the SparkApplication's main file).
+"""`python -m sparkapp run|verify|state|delete-checkpoint` — the job's entry point (also the SparkApplication's
+main file, and the operator's checkpoint cleanup Job's).
 
 Exit codes: 0 ok, 1 verifier anomalies or a runtime failure, 2 configuration error, 3 fenced, 4 data loss,
 5 state that does not match Kafka, 6 unavailable. The error's line also goes to the container's termination
@@ -38,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--partition", action="append", default=[], metavar="TOPIC:N",
                     help="reset only these partitions (repeatable)")
     st.add_argument("--yes", action="store_true", help="confirm a reset")
+    ck = sub.add_parser("delete-checkpoint", help="delete what chsink wrote under a checkpoint its marker gives "
+                        "to this sink (the operator's cleanup Job runs it for a remote checkpoint)")
+    ck.add_argument("--location", required=True)
+    ck.add_argument("--sink", required=True, help="the sink's id (namespace.name), as its marker file has it")
+    ck.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Hadoop setting as sparkConf spells it (spark.hadoop.fs.s3a.endpoint=...)")
     return ap
 
 
@@ -55,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in ("py4j", "kazoo", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        if args.cmd == "delete-checkpoint":
+            return _delete_checkpoint(args)
         cfg = load_config(args.config)
         if args.cmd == "run":
             from .spark.job import SinkJob
@@ -96,6 +105,18 @@ def _terminate_with(line: str) -> None:
             f.write(line.encode()[:_TERMINATION_LIMIT])
     except OSError:  # never hide the error being reported
         pass
+
+
+def _delete_checkpoint(args: argparse.Namespace) -> int:
+    """Prints what was deleted or kept and leaves it in the termination message, where the operator reads it
+    for the sink's Event."""
+    from .spark.checkpoint import delete_with_hadoop
+
+    conf = dict(kv.split("=", 1) for kv in args.conf)
+    outcome = delete_with_hadoop(args.location, args.sink, conf)
+    print(outcome)
+    _terminate_with(outcome)
+    return 0
 
 
 def _state(cfg: SinkConfig, args: argparse.Namespace) -> int:

@@ -63,6 +63,15 @@ CHECKPOINT_MARKER = "_chsink_sink"
 CHECKPOINT_ENTRIES = frozenset({"offsets", "commits", "metadata", "sources", "state", "metadata.crc"})
 
 
+def is_local_path(location: str, default_fs: str) -> bool:
+    """Whether Hadoop resolves `location` to the local file system: `file:`, or no scheme and a local default."""
+    def scheme(uri: str) -> str:
+        m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)
+        return m.group(1).lower() if m else ""
+
+    return (scheme(location) or scheme(default_fs) or "file") == "file"
+
+
 class Engine(enum.Enum):
     """The state table's engine: KeeperMap (cluster-wide, in Keeper) or EmbeddedRocksDB (one node)."""
 

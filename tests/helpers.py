@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sparkapp.core.blocks import build_blocks, dedup_token
@@ -226,3 +227,27 @@ def events_oldest_first(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rv = str(e.get("metadata", {}).get("resourceVersion", "0"))
         return (e.get("eventTime") or e.get("lastTimestamp") or "", int(rv) if rv.isdigit() else 0)
     return sorted(items, key=key)
+
+
+def checkpoint_deletions(tmp_path: Path, delete: Callable[[str, str], str]) -> None:
+    """What a checkpoint deletion takes, whichever file system it goes through: only what chsink marked and wrote."""
+    user = tmp_path / "data"  # a user's directory given as checkpointLocation: no marker, nothing deleted
+    (user / "offsets").mkdir(parents=True)
+    assert "no _chsink_sink file" in delete(str(user), "ns.a") and (user / "offsets").exists()
+    other = tmp_path / "other"  # another sink's
+    (other / "run-3").mkdir(parents=True)
+    (other / "_chsink_sink").write_text("ns.b")
+    assert "names sink 'ns.b'" in delete(f"file://{other}", "ns.a") and (other / "run-3").exists()
+    mixed = tmp_path / "mixed"  # ours, with a user's file beside it
+    for d in ("run-7/offsets", "commits", "sources"):
+        (mixed / d).mkdir(parents=True)
+    (mixed / "metadata").write_text("{}")
+    (mixed / "notes.txt").write_text("mine")
+    (mixed / "_chsink_sink").write_text("ns.a")
+    assert "kept what else is there: ['notes.txt']" in delete(str(mixed), "ns.a")
+    assert sorted(p.name for p in mixed.iterdir()) == ["notes.txt"]
+    ours = tmp_path / "ours"
+    (ours / "run-2" / "commits").mkdir(parents=True)
+    (ours / "_chsink_sink").write_text("ns.a")
+    (ours / "._chsink_sink.crc").write_bytes(b"crc\x00")  # as Hadoop's local file system writes one beside it
+    assert delete(f"file://{ours}", "ns.a") == f"deleted checkpoint file://{ours}" and not ours.exists()

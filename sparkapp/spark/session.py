@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-from ..config import CHECKPOINT_ENTRIES, CHECKPOINT_MARKER, ConfigError, SinkConfig, with_jvm_defaults
+from ..config import CHECKPOINT_MARKER, ConfigError, SinkConfig, is_local_path, with_jvm_defaults
+from ..edges.checkpoint import is_chsink_entry
 
 log = logging.getLogger("chsink.job")
 DIRECT_RESULT_MAX = "64m"
@@ -70,15 +70,6 @@ def session_conf(cfg: SinkConfig) -> dict[str, str]:
         if jars:
             conf["spark.jars"] = ",".join(jars)
     return conf
-
-
-def is_local_path(location: str, default_fs: str) -> bool:
-    """Whether Hadoop resolves `location` to the local file system: `file:`, or no scheme and a local default."""
-    def scheme(uri: str) -> str:
-        m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)
-        return m.group(1).lower() if m else ""
-
-    return (scheme(location) or scheme(default_fs) or "file") == "file"
 
 
 # A local-mode driver's executors are threads of its own JVM: nothing dials it from elsewhere. Left to choose, Spark
@@ -164,7 +155,7 @@ def fresh_checkpoint(spark: Any, location: str, epoch: int) -> str:
     if fs.exists(base):
         for st in fs.listStatus(base):  # older runs', or a checkpoint of a non-pipelined run; nothing else
             name = st.getPath().getName()
-            if name.startswith("run-") or name.lstrip(".") in CHECKPOINT_ENTRIES:
+            if is_chsink_entry(name):
                 fs.delete(st.getPath(), True)
     return f"{location.rstrip('/')}/run-{epoch}"
 

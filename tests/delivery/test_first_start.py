@@ -55,6 +55,22 @@ def test_a_recreated_sink_is_refused_naming_the_choice(recreated):
         starting(r["cfg"](startingOffsets="earliest"))
 
 
+def test_the_refusal_of_a_sharded_sink_names_the_shard_that_holds_the_rows(recreated):
+    """Two shards (here two databases of one server): only the one holding rows is named, with its endpoint."""
+    r = recreated
+    empty = f"{r['db']}_second"
+    r["client"].command(f"CREATE DATABASE IF NOT EXISTS `{empty}`")
+    r["client"].command(TABLE.format(db=empty))
+    cfg = r["cfg"]()
+    endpoint = cfg.clickhouse.endpoints[0]
+    data = cfg.model_dump(by_alias=True, exclude_none=True, mode="json")
+    data["clickhouse"] |= {"endpoints": [endpoint, endpoint], "shardDatabases": [r["db"], empty]}
+    with pytest.raises(ConfigError) as e:
+        starting(parse_config(data))
+    msg = str(e.value)
+    assert f"{r['db']}.ev on shard 0 ({endpoint}) already holds 50 rows" in msg and "shard 1" not in msg, msg
+
+
 def test_latest_starts_after_the_newest_record_and_a_restart_resumes_there_not_at_the_new_latest(recreated):
     r = recreated
     assert starting(r["cfg"](startingOffsets="latest")) == {r["src"]: {"0": 50}}

@@ -36,6 +36,7 @@ from tests.helpers import events_oldest_first
 from .conftest import base_image, project_images
 
 NS = "data"
+SECURE_NS = "secure"  # enforces Pod Security `restricted` (infra.yaml)
 SINK = "events"
 APP = f"chsink-{SINK}"
 TOPIC, DLQ = "events", "events-dlq"
@@ -240,22 +241,26 @@ def product(node: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                                                  / "chart"),
               "-n", "spark-operator", "--create-namespace", "--wait", "--timeout=5m",
               "--set", f"image.registry={registry}", "--set", f"image.repository={repository}",
-              "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never", "--set", "spark.jobNamespaces={data}",
+              "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+              "--set", f"spark.jobNamespaces={{{NS},{SECURE_NS}}}",
               "--set", "controller.leaderElection.enable=false", "--set", "webhook.leaderElection.enable=false",
               "--set", "prometheus.metrics.enable=false", "--set", "controller.uiService.enable=false")
     op_repo, op_tag = operator_image.rsplit(":", 1)
     node.helm("install", "chsink", str(REPO / "charts" / "chsink"), "-n", "chsink-system", "--create-namespace",
               "--wait", "--timeout=3m", "--set", f"image.repository={op_repo}", "--set", f"image.tag={op_tag}",
               "--set", "image.pullPolicy=Never", "--set", f"spark.image={spark_image}",
-              "--set", "watchNamespaces={data}", "--set", "statusIntervalSeconds=3", "--set", "replicaCount=2",
+              "--set", f"watchNamespaces={{{NS},{SECURE_NS}}}", "--set", "statusIntervalSeconds=3",
+              "--set", "replicaCount=2",
               # a job held on an error only a fix outside Kubernetes can clear is tried again after 45 s, not 300
               "--set-json", f'extraEnv=[{{"name": "CHSINK_JOB_RETRY_SECONDS", "value": "{JOB_RETRY_S}"}}]')
     for deployment in ("zookeeper", "kafka", "clickhouse", "clickhouse-2", "s3"):
         _rollout(node, NS, deployment)
     installed = time.monotonic()
 
-    node.kubectl("-n", NS, "create", "secret", "generic", ENV_SECRET, "--from-literal=CHSINK_NODE_MARK=from-a-secret",
-                 f"--from-literal=AWS_ACCESS_KEY_ID={S3_ACCESS_KEY}", f"--from-literal=AWS_SECRET_ACCESS_KEY={S3_SECRET_KEY}")
+    for ns in (NS, SECURE_NS):
+        node.kubectl("-n", ns, "create", "secret", "generic", ENV_SECRET, "--from-literal=CHSINK_NODE_MARK=from-a-secret",
+                     f"--from-literal=AWS_ACCESS_KEY_ID={S3_ACCESS_KEY}",
+                     f"--from-literal=AWS_SECRET_ACCESS_KEY={S3_SECRET_KEY}")
     kafka = AdminClient({"bootstrap.servers": KAFKA})  # kept: its futures fail once it is collected
     for fut in kafka.create_topics([NewTopic(TOPIC, PARTITIONS, 1), NewTopic(DLQ, 1, 1)]).values():
         fut.result(60)
@@ -447,15 +452,22 @@ def _rows() -> int:
 
 
 def _a_recreated_sink_is_refused_until_told_where_to_start(p: Product) -> None:
-    """Deleted with deletionPolicy Delete (its state rows gone, its S3 checkpoint kept and named), then applied
-    again as it was: its tables hold rows of its topic and it has no state, so it is refused, naming the choice,
+    """Deleted with deletionPolicy Delete (its state rows and its S3 checkpoint gone, the latter through the
+    operator's cleanup Job), then applied again as it was: its tables hold rows of its topic and it has no state, so it is refused, naming the choice,
     instead of delivering the topic a second time; told `startingOffsets: latest`, it delivers only what comes
     after, once."""
     t0 = time.monotonic()
     rows = _rows()
-    p.kubectl("delete", "chs", SINK, "--wait=true", "--timeout=180s")
-    kept = [m for r, m in p.sink_events() if r == "CheckpointCleanup"]
-    assert kept and "kept" in kept[-1] and f"s3a://{BUCKET}/" in kept[-1], kept
+    checkpoint = p.s3_root / BUCKET / "checkpoints" / SINK
+    assert any(f.is_file() for f in checkpoint.rglob("*")), "the checkpoint is on S3"
+    p.kubectl("delete", "chs", SINK, "--wait=true", "--timeout=240s")
+    # its S3 checkpoint went with it, through a Job with the driver's credentials (envFrom) and S3A settings
+    cleaned = [m for r, m in p.sink_events() if r == "CheckpointCleanup"]
+    assert cleaned and cleaned[-1] == f"deleted checkpoint s3a://{BUCKET}/checkpoints/{SINK}", cleaned
+    left = [str(f) for f in checkpoint.rglob("*") if f.is_file()] if checkpoint.exists() else []
+    assert not left, left
+    jobs = p.kubectl("get", "jobs", "-o", "name").stdout.split()
+    assert not [j for j in jobs if "checkpoint-cleanup" in j], jobs
     again = sink(shards=2)
     p.node.kubectl("apply", "-f", "-", input=json.dumps(again))
 
@@ -520,3 +532,59 @@ def _a_configuration_error_is_described_and_held(p: Product) -> None:
         f.write(f"--- a missing table, described and held {time.monotonic() - t0:.0f}s after kubectl apply\n"
                 f"{describe[describe.find('Status:'):]}\n")
     p.kubectl("delete", "chs", "broken", "--wait=true", "--timeout=120s")
+
+
+# a pod template a hardened cluster asks for: dedicated nodes (a toleration and a node selector), a security
+# context of the team's own that still passes `restricted`, and a label for its cost reports
+TEMPLATE = {"nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [{"key": "chsink.io/dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                "runAsNonRoot": True, "runAsUser": 185},
+            "labels": {"team": "node-e2e"}}
+
+
+def test_a_sink_with_a_pod_template_runs_where_pod_security_restricted_is_enforced(product: Product) -> None:
+    """A sink in a namespace whose PodSecurity admission enforces `restricted`: its driver and executor pods carry
+    the template (toleration, node selector, security context, label) with the operator's restricted pod
+    defaults, env from a Secret and a volume; they are admitted, run, and deliver. A pod that does not pass
+    `restricted` is refused there, so the admission is on."""
+    p = product
+    t0 = time.monotonic()
+    refused = p.node.kubectl("-n", SECURE_NS, "run", "privileged", f"--image={p.spark_image}", "--restart=Never",
+                             "--image-pull-policy=Never", "--overrides", json.dumps({"spec": {"containers": [
+                                 {"name": "privileged", "image": p.spark_image,
+                                  "securityContext": {"privileged": True}}]}}), check=False)
+    assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
+    client = clickhouse_connect.get_client(host=CLICKHOUSE[0], port=8123)
+    client.command(EVENTS_TABLE.format(db=DB).replace(".events ", ".events_secure "))
+    secure = sink(shards=1)
+    secure["metadata"] = {"name": "hardened", "namespace": SECURE_NS}
+    spec = secure["spec"]
+    spec.update(clickhouse={**spec["clickhouse"], "tables": {TOPIC: "events_secure"}}, deletionPolicy="Retain",
+                checkpointLocation=f"{SCRATCH}/checkpoints/hardened")
+    spec["spark"]["sparkConf"] = {}
+    spec["spark"]["driver"].update(TEMPLATE)
+    spec["spark"]["executor"].update(TEMPLATE, volumeMounts=[{"name": "scratch", "mountPath": SCRATCH}])
+    p.node.kubectl("apply", "-f", "-", input=json.dumps(secure))
+
+    def pods(role: str) -> list[dict[str, Any]]:
+        out = p.node.kubectl("-n", SECURE_NS, "get", "pods", "-l", f"spark-role={role},chsink.io/sink=hardened",
+                             "-o", "json").stdout
+        return [q for q in json.loads(out)["items"] if q["status"].get("phase") == "Running"]
+
+    p.wait("the hardened sink's driver and executor run", lambda: bool(pods("driver") and pods("executor")),
+           timeout=420)
+    for role in ("driver", "executor"):
+        [pod] = pods(role)[:1]
+        podspec = pod["spec"]
+        [container] = [c for c in podspec["containers"] if c["name"].startswith("spark-kubernetes")]
+        assert TEMPLATE["tolerations"][0] in podspec["tolerations"], (role, podspec["tolerations"])
+        assert podspec["nodeSelector"] == TEMPLATE["nodeSelector"], (role, podspec.get("nodeSelector"))
+        assert container["securityContext"] == TEMPLATE["securityContext"], (role, container.get("securityContext"))
+        assert podspec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, role  # the default
+        assert pod["metadata"]["labels"]["team"] == "node-e2e", role
+    p.wait("the hardened sink delivers", lambda: client.command(f"SELECT count() FROM {DB}.events_secure") > 0,
+           timeout=240)
+    p.node.kubectl("-n", SECURE_NS, "delete", "chs", "hardened", "--wait=true", "--timeout=120s")
+    with p.log.open("a") as f:
+        f.write(f"--- a sink with a pod template ran under Pod Security restricted {time.monotonic() - t0:.0f}s\n")

@@ -70,7 +70,7 @@ def test_cluster_wide_peered_operator_serves_a_new_namespace_with_the_driver_ide
     account = app["spec"]["driver"]["serviceAccount"]
     assert account == "chsink-spark"
     assert get(kube, "serviceaccount", account)
-    role = f"{RELEASE}-chsink-spark-driver"
+    role = f"{RELEASE}-chsink-{NS}-spark-driver"
     binding = get(kube, "rolebinding", role)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": SINK_NS}]
@@ -101,7 +101,7 @@ def test_cluster_wide_operator_may_bind_only_the_driver_role(wide_install):
     sa = f"{RELEASE}-chsink"
     assert can_i(wide_install, sa, "create", "serviceaccounts", "anywhere")
     assert can_i(wide_install, sa, "create", "rolebindings.rbac.authorization.k8s.io", "anywhere")
-    assert can_i(wide_install, sa, "bind", f"clusterroles.rbac.authorization.k8s.io/{RELEASE}-chsink-spark-driver",
+    assert can_i(wide_install, sa, "bind", f"clusterroles.rbac.authorization.k8s.io/{RELEASE}-chsink-{NS}-spark-driver",
                  None)
     assert not can_i(wide_install, sa, "bind", "clusterroles.rbac.authorization.k8s.io/cluster-admin", None)
     assert not can_i(wide_install, sa, "delete", "serviceaccounts", "anywhere")

@@ -116,6 +116,11 @@ BAD_SPECS = [
      "driver.volumeMounts[0]: no volume 'nope' in spark.volumes []", None),
     (("spark", "driver"), {"env": [{"name": "CHSINK_CLICKHOUSE_PASSWORD", "value": "x"}]},
      "driver.env[0]: CHSINK_CLICKHOUSE_PASSWORD is set by the operator", None),
+    (("spark", "executor"), {"labels": {"team": "a", "chsink.io/sink": "other"}},
+     "labels: ['chsink.io/sink'] are set by the operator or the spark-operator", None),
+    (("spark", "driver"), {"annotations": {"prometheus.io/port": "1"}},
+     "annotations: ['prometheus.io/port'] are set by the operator", None),
+    (("spark", "driver"), {"priorityClassName": "Not_A_Name"}, "spark.driver.priorityClassName", None),
 ]
 
 

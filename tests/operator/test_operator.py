@@ -175,23 +175,10 @@ def test_finalizer_cleans_state_only_with_delete_and_the_sink_is_gone_in_seconds
 
 def test_checkpoint_deletion_takes_only_what_chsink_marked_and_wrote(tmp_path):
     from sinkoperator.cleanup import delete_checkpoint
+    from tests.helpers import checkpoint_deletions
 
-    user = tmp_path / "data"  # a user's directory given as checkpointLocation: no marker, nothing deleted
-    (user / "offsets").mkdir(parents=True)
-    assert "no _chsink_sink file" in delete_checkpoint(str(user), "ns.a") and (user / "offsets").exists()
-    other = tmp_path / "other"  # another sink's
-    (other / "run-3").mkdir(parents=True)
-    (other / "_chsink_sink").write_text("ns.b")
-    assert "names sink 'ns.b'" in delete_checkpoint(f"file://{other}", "ns.a") and (other / "run-3").exists()
-    mixed = tmp_path / "mixed"  # ours, with a user's file beside it
-    for d in ("run-7/offsets", "commits", "sources"):
-        (mixed / d).mkdir(parents=True)
-    (mixed / "metadata").write_text("{}")
-    (mixed / "notes.txt").write_text("mine")
-    (mixed / "_chsink_sink").write_text("ns.a")
-    assert "kept what else is there: ['notes.txt']" in delete_checkpoint(str(mixed), "ns.a")
-    assert sorted(p.name for p in mixed.iterdir()) == ["notes.txt"]
-    assert "local or mounted paths only" in delete_checkpoint("s3a://bucket/ckpt", "ns.a")
+    checkpoint_deletions(tmp_path, delete_checkpoint)
+    assert "not a path the operator's pod reaches" in delete_checkpoint("s3a://bucket/ckpt", "ns.a")
 
 
 def test_invalid_spec_sets_degraded_naming_the_field(sink):
@@ -264,22 +251,26 @@ def test_a_rotated_secret_restarts_the_job(sink):
     kubectl("delete", "secret", ref)
 
 
-def test_volumes_and_env_from_secrets_reach_both_pods_unpruned_and_a_rotation_of_either_restarts_the_job(sink):
+def test_pod_volumes_and_env_from_secrets_and_configmaps_arrive_unpruned_and_a_change_of_any_restarts_the_job(sink):
     """A checkpoint on S3 needs credentials from a Secret, one on a volume a PVC: both reach the driver and the
     executors as written, through the spark-operator's own CRD (a field it does not know would be pruned without
-    a word), and the Secrets they read are versioned like the sink's own."""
+    a word), and the Secrets and ConfigMaps they read are versioned like the sink's own Secrets: a change of one
+    restarts the job, which reads them only at its pods' start."""
     kubectl = sink["kube"].kubectl
-    s3, keys = f"s3-{sink['name']}", f"keys-{sink['name']}"
+    s3, keys, conf = f"s3-{sink['name']}", f"keys-{sink['name']}", f"conf-{sink['name']}"
     for secret, literal in ((s3, "AWS_ACCESS_KEY_ID=chsink"), (keys, "ca.pem=PEM")):
         kubectl("create", "secret", "generic", secret, f"--from-literal={literal}")
+    kubectl("create", "configmap", conf, "--from-literal=AWS_REGION=eu-west-1")
     volumes = [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "chsink-checkpoints"}},
                {"name": "keys", "secret": {"secretName": keys, "items": [{"key": "ca.pem", "path": "ca.pem"}]}},
+               {"name": "conf", "configMap": {"name": conf}},
                {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}]
     pod = {"env": [{"name": "AWS_REGION", "value": "eu-west-1"},
                    {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-           "envFrom": [{"secretRef": {"name": s3}}],
+           "envFrom": [{"secretRef": {"name": s3}}, {"configMapRef": {"name": conf}}],
            "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"},
-                            {"name": "keys", "mountPath": "/keys", "readOnly": True}]}
+                            {"name": "keys", "mountPath": "/keys", "readOnly": True},
+                            {"name": "conf", "mountPath": "/conf"}]}
     sink["apply"](spark={"volumes": volumes, "driver": pod, "executor": {"instances": 1, **pod}})
     app = wait_for("app", lambda: app_of(sink))
     spec = app["spec"]
@@ -288,10 +279,14 @@ def test_volumes_and_env_from_secrets_reach_both_pods_unpruned_and_a_rotation_of
         assert spec[role]["envFrom"] == pod["envFrom"] and spec[role]["volumeMounts"] == pod["volumeMounts"], role
         assert spec[role]["env"][-2:] == pod["env"], role
     versions = dict(v.split("@") for v in spec["driver"]["annotations"]["chsink.io/secret-versions"].split(","))
-    assert set(versions) == {s3, keys}
+    assert set(versions) == {s3, keys, f"configmap/{conf}"}
     kubectl("patch", "secret", keys, "-p", json.dumps({"stringData": {"ca.pem": "ROTATED"}}))
     rotated = get(sink["kube"], "secret", keys)["metadata"]["resourceVersion"]
     wait_for("the mounted Secret's rotation in the spec", lambda: f"{keys}@{rotated}" in app_of(sink)["spec"][
+        "driver"]["annotations"]["chsink.io/secret-versions"], timeout=30)
+    kubectl("patch", "configmap", conf, "-p", json.dumps({"data": {"AWS_REGION": "us-east-1"}}))
+    changed = get(sink["kube"], "configmap", conf)["metadata"]["resourceVersion"]
+    wait_for("the ConfigMap's change in the spec", lambda: f"configmap/{conf}@{changed}" in app_of(sink)["spec"][
         "driver"]["annotations"]["chsink.io/secret-versions"], timeout=30)
     # the API server refuses what the job could not run with, naming it
     bad = kubectl("apply", "-f", "-", check=False, input=yaml.safe_dump({
@@ -302,6 +297,7 @@ def test_volumes_and_env_from_secrets_reach_both_pods_unpruned_and_a_rotation_of
     assert bad.returncode != 0 and "exactly one of persistentVolumeClaim, secret, configMap, emptyDir" in bad.stderr
     for secret in (s3, keys):
         kubectl("delete", "secret", secret)
+    kubectl("delete", "configmap", conf)
 
 
 def test_entry_point_serves_liveness(chsink_crds, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import sys
 from pathlib import Path
@@ -84,9 +85,84 @@ def test_a_sinks_own_env_envfrom_mounts_and_volumes_reach_both_pods_after_the_op
         assert [e["name"] for e in s[role]["env"]] == ["CHSINK_KAFKA_SASL_PASSWORD", "CHSINK_CLICKHOUSE_PASSWORD",
                                                        "AWS_REGION"], role
         assert (s[role]["envFrom"], s[role]["volumeMounts"]) == (pod["envFrom"], pod["volumeMounts"])
-    assert [u.name for u in SinkSpec.parse(spec).spark.secret_uses()] == ["s3", "s3"]  # envFrom of each pod
+    assert [u.name for u in SinkSpec.parse(spec).spark.object_uses()] == ["s3", "s3"]  # envFrom of each pod
     plain = rendered()[1]["spec"]
     assert "volumes" not in plain and "envFrom" not in plain["driver"] and "volumeMounts" not in plain["executor"]
+
+
+TEMPLATE = {
+    "nodeSelector": {"pool": "sinks"}, "priorityClassName": "streaming", "terminationGracePeriodSeconds": 120,
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "sinks", "effect": "NoSchedule"}],
+    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50,
+                 "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                     "labelSelector": {"matchLabels": {"chsink.io/sink": "orders"}}}}]}},
+    "labels": {"team": "payments"}, "annotations": {"cost-centre": "42"},
+    "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1001, "fsGroup": 1001,
+                           "seccompProfile": {"type": "RuntimeDefault"}},
+    "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
+                        "capabilities": {"drop": ["ALL"]}},
+    "coreLimit": "2", "memoryOverhead": "1g",
+}
+
+
+def test_a_pod_template_reaches_both_pods_and_survives_the_spark_operators_crd(chsink_crds):
+    """Scheduling, security and metadata of the driver and the executors, under the SparkApplication's names;
+    a server dry run through the spark-operator's CRD returns them whole (what it does not know it prunes), and
+    the operator's own labels and annotations stay."""
+    spec = copy.deepcopy(SAMPLE["spec"])
+    spec["spark"] = {"driver": TEMPLATE, "executor": TEMPLATE}
+    _, app = rendered(spec)
+    res = chsink_crds.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(app))
+    kept = json.loads(res.stdout)["spec"]
+    for role in ("driver", "executor"):
+        pod = kept[role]
+        for key in ("nodeSelector", "priorityClassName", "terminationGracePeriodSeconds", "tolerations", "affinity",
+                    "podSecurityContext", "securityContext", "coreLimit", "memoryOverhead"):
+            assert pod[key] == TEMPLATE[key], (role, key, pod.get(key))
+        assert pod["labels"]["team"] == "payments" and pod["labels"]["chsink.io/sink"] == "orders", pod["labels"]
+        assert pod["annotations"]["cost-centre"] == "42", pod["annotations"]
+    assert kept["driver"]["annotations"]["prometheus.io/scrape"] == "true"
+
+
+def test_the_spark_pods_pass_pod_security_restricted_by_default():
+    """No security context given: non-root as the Spark image's user, no privilege escalation, every capability
+    dropped, seccomp RuntimeDefault (what `restricted` asks; on the node the product's pods run in a namespace
+    that enforces it)."""
+    from sinkoperator.podspec import RESTRICTED_CONTAINER, RESTRICTED_POD
+
+    s = rendered()[1]["spec"]
+    for role in ("driver", "executor"):
+        assert (s[role]["podSecurityContext"], s[role]["securityContext"]) == (RESTRICTED_POD, RESTRICTED_CONTAINER)
+    assert RESTRICTED_POD["runAsNonRoot"] and RESTRICTED_POD["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert RESTRICTED_CONTAINER == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                    "runAsNonRoot": True}
+
+
+def test_a_remote_checkpoints_cleanup_job_reaches_it_as_the_driver_does(chsink_crds):
+    """The Job a deletion starts for an s3a:// checkpoint: the job's image and the driver's identity, env,
+    envFrom, mounts and volumes, and the sparkConf's Hadoop settings only (not the rest of sparkConf); the API
+    server takes it as a Job."""
+    from sinkoperator.render import checkpoint_job
+
+    spec = copy.deepcopy(SAMPLE["spec"])
+    spec["checkpointLocation"] = "s3a://bucket/checkpoints/orders"
+    volume = {"name": "ca", "secret": {"secretName": "s3-ca"}}
+    driver = {"env": [{"name": "AWS_REGION", "value": "eu-west-1"}], "envFrom": [{"secretRef": {"name": "s3"}}],
+              "volumeMounts": [{"name": "ca", "mountPath": "/ca"}]}
+    spec["spark"] = {"volumes": [volume], "driver": driver, "serviceAccount": "orders-s3", "image": "reg/spark:1",
+                     "sparkConf": {"spark.hadoop.fs.s3a.endpoint": "http://s3:8080", "spark.sql.shuffle.partitions": "4"}}
+    job = checkpoint_job("default", "orders", SinkSpec.parse(spec), "default.orders")
+    pod = job["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    assert (job["metadata"]["name"], pod["serviceAccountName"], pod["volumes"], c["image"]) == (
+        "chsink-orders-checkpoint-cleanup", "orders-s3", [volume], "reg/spark:1")
+    assert (c["env"], c["envFrom"], c["volumeMounts"]) == (driver["env"], driver["envFrom"], driver["volumeMounts"])
+    assert c["command"][2:5] == ["delete-checkpoint", "--location=s3a://bucket/checkpoints/orders",
+                                 "--sink=default.orders"]
+    conf = [a for a in c["command"] if a.startswith("--conf=")]
+    assert "--conf=spark.hadoop.fs.s3a.endpoint=http://s3:8080" in conf and not any("shuffle" in a for a in conf)
+    res = chsink_crds.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(job), check=False)
+    assert res.returncode == 0, res.stderr
 
 
 def test_invalid_spec_names_the_field():

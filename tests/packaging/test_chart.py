@@ -28,8 +28,8 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return res
 
 
-def template(release: str, *values: Path, sets: tuple[str, ...] = ()) -> list[dict]:
-    args = ["template", release, str(CHART), "-n", NS, "--include-crds"]
+def template(release: str, *values: Path, sets: tuple[str, ...] = (), namespace: str = NS) -> list[dict]:
+    args = ["template", release, str(CHART), "-n", namespace, "--include-crds"]
     for v in values:
         args += ["-f", str(v)]
     for s in sets:
@@ -260,12 +260,16 @@ def test_extra_env_and_args_reach_the_operator(tmp_path):
     assert {"name": "CHSINK_STALL_SECONDS", "value": "120"} in c["env"] and c["args"][-1] == "--log-level=debug"
 
 
-def test_two_releases_named_alike_in_two_namespaces_do_not_collide_with_an_override():
-    """Cluster-scoped objects carry the release's name only: the second release needs fullnameOverride."""
-    def cluster_scoped(*sets: str) -> set[str]:
-        return {f"{d['kind']}/{d['metadata']['name']}" for d in template("chsink", sets=sets)
+def test_two_releases_named_alike_in_two_namespaces_do_not_collide():
+    """Cluster-scoped objects carry the release's namespace in their names: a second release of the same name in
+    another namespace needs no override, and the overrides still rename them."""
+    def cluster_scoped(*sets: str, namespace: str = NS) -> set[str]:
+        return {f"{d['kind']}/{d['metadata']['name']}" for d in template("chsink", sets=sets, namespace=namespace)
                 if d["kind"] in ("ClusterRole", "ClusterRoleBinding")}
 
-    first, same, other = cluster_scoped(), cluster_scoped(), cluster_scoped("fullnameOverride=chsink-team-b")
-    assert first == same and first and not first & other, (first, other)
+    for sets in ((), ("crds.upgradeHook.enabled=true",), ("watchNamespaces={data}",)):
+        first, same, other = cluster_scoped(*sets), cluster_scoped(*sets), cluster_scoped(*sets, namespace="team-b")
+        assert first == same and first and not first & other, (sets, first, other)
+    first = cluster_scoped()
+    assert not first & cluster_scoped("fullnameOverride=chsink-team-b")
     assert cluster_scoped("nameOverride=ops") == {n.replace("chsink", "chsink-ops", 1) for n in first}

@@ -85,7 +85,11 @@ def test_the_crd_and_the_operator_model_have_the_same_fields() -> None:
                     out |= fields(t, key)
         return out
 
-    crd = {p.replace("[]", "") for p, _ in _walk(_spec_schema()) if p != "spec"}
+    from sinkoperator.podspec import KUBERNETES_TYPED
+
+    # below a Kubernetes-typed field the CRD has core/v1's schema and the model passes it through whole
+    crd = {p.replace("[]", "") for p, _ in _walk(_spec_schema()) if p != "spec"
+           and not any(f".{k}." in p.replace("[]", "") for k in KUBERNETES_TYPED)}
     model = fields(SinkSpec, "spec")
     # sections the job's own models hold (format, batching, dlq): their first level is the CRD's
     assert model <= crd, f"in the model, not the CRD: {sorted(model - crd)}"
@@ -98,3 +102,21 @@ def test_the_crd_checks_durations_as_the_job_does() -> None:
 
     node = _spec_schema()["properties"]["batching"]["properties"]["triggerInterval"]
     assert node["pattern"] == TRIGGER_INTERVAL.pattern
+
+
+def test_the_pod_templates_kubernetes_types_are_core_v1s_as_the_spark_operator_has_them() -> None:
+    """tolerations, affinity and both security contexts are checked by the API server with Kubernetes' own schemas
+    (the spark-operator's CRD carries core/v1's, generated from its Go types), not free-form: only the top-level
+    description is chsink's."""
+    from hack.testbed.process import cache_dir, versions
+    from sinkoperator.podspec import KUBERNETES_TYPED
+
+    path = cache_dir() / f"spark-operator-{versions()['SPARK_OPERATOR_VERSION']}" / "chart" / "crds"
+    theirs = yaml.safe_load((path / "sparkoperator.k8s.io_sparkapplications.yaml").read_text())
+    [v1beta2] = [v for v in theirs["spec"]["versions"] if v["name"] == "v1beta2"]
+    upstream = v1beta2["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    spark = _spec_schema()["properties"]["spark"]["properties"]
+    for role in ("driver", "executor"):
+        for key in KUBERNETES_TYPED:
+            ours = {k: v for k, v in spark[role]["properties"][key].items() if k != "description"}
+            assert ours == {k: v for k, v in upstream[role]["properties"][key].items() if k != "description"}, (role, key)

@@ -82,6 +82,6 @@ def test_the_readme_install_commands_run_as_written(empty_cluster):
         assert "watchNamespaces" not in wide
         ok(wide)
         roles = ok("kubectl get clusterroles -o name")
-        assert "clusterrole.rbac.authorization.k8s.io/chsink-spark-driver" in roles.splitlines(), roles
+        assert "clusterrole.rbac.authorization.k8s.io/chsink-chsink-system-spark-driver" in roles.splitlines(), roles
         assert ok("kubectl get clickhousesinks -n data -o name").strip()
         ok("helm uninstall chsink -n chsink-system --wait")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from hack.testbed.process import REPO
-from sparkapp.config import SinkConfig
-from sparkapp.spark.session import CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_CHECKPOINTS, is_local_path, session_conf
+from sparkapp.config import SinkConfig, is_local_path
+from sparkapp.spark.session import CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_CHECKPOINTS, session_conf
 from tests.helpers import sink_config
 
 # the commands Hadoop's Shell runs on local files

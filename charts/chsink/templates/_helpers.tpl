@@ -2,14 +2,19 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Names every object of the release, cluster-scoped ones (ClusterRoles) too: two releases named alike in two
-namespaces need a fullnameOverride (or a nameOverride) on one of them. */}}
+{{/* Names every namespaced object of the release. */}}
 {{- define "chsink.fullname" -}}
 {{- if .Values.fullnameOverride -}}{{ .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
 {{- else -}}{{- $name := include "chsink.name" . -}}
 {{- if contains $name .Release.Name -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else -}}{{ printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}{{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Names a cluster-scoped object (ClusterRoles and their bindings): the release's namespace is part of it, so
+two releases named alike in two namespaces do not collide. */}}
+{{- define "chsink.clusterName" -}}
+{{ include "chsink.fullname" . }}-{{ .Release.Namespace }}
 {{- end -}}
 
 {{- define "chsink.labels" -}}
@@ -38,7 +43,7 @@ app.kubernetes.io/component: operator
 
 {{/* The Spark driver's ClusterRole of a cluster-wide install (the operator binds it in each sink's namespace). */}}
 {{- define "chsink.sparkDriverRole" -}}
-{{ include "chsink.fullname" . }}-spark-driver
+{{ include "chsink.clusterName" . }}-spark-driver
 {{- end -}}
 
 {{/* What a Spark driver does: create and delete its executor pods, their headless service and config. */}}
@@ -73,6 +78,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [pods]
   verbs: [list]
+# a deleted sink's remote checkpoint (s3a://, hdfs://) is deleted by a Job with the driver's credentials
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, create, delete]
 # kopf posts handler progress and sink lifecycle as Events
 - apiGroups: ["", events.k8s.io]
   resources: [events]
