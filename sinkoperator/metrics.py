@@ -1,12 +1,16 @@
-"""The operator's Prometheus metrics: reconciles, their errors, and sinks by state."""
+"""The operator's Prometheus metrics: reconciles, their errors, sinks by state, and each sink's health (lag,
+state, readiness, last commit, rebalance phase), labelled `namespace` and `sink` as the job's own are."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge
 
 from sparkapp.edges.prometheus import set_per_shard
 
-from .spec import SinkState
+from .spec import RebalancePhase, SinkState
 
 RECONCILES = Counter("chsink_operator_reconcile_total", "Reconciles of ClickHouseSinks, by outcome", ["result"])
 RECONCILE_ERRORS = Counter("chsink_operator_reconcile_errors_total", "Reconciles that failed, by reason", ["reason"])
@@ -15,13 +19,66 @@ _STATES: dict[tuple[str, str], str] = {}
 
 
 def sink_state(namespace: str, name: str, state: str | None) -> None:
-    """Records a sink's state (None when it is gone) and recounts the gauge."""
+    """Records a sink's state (None when it is gone: its per-sink series go too) and recounts the gauge."""
     if state is None:
         _STATES.pop((namespace, name), None)
+        _forget(namespace, name)
     else:
         _STATES[(namespace, name)] = state
     for s in {*map(str, SinkState), *set(_STATES.values())}:
         SINKS.labels(s).set(sum(1 for v in _STATES.values() if v == s))
+
+
+SINK = ["namespace", "sink"]
+LAG = Gauge("chsink_operator_sink_lag", "Offsets not yet delivered, over all the sink's partitions", SINK)
+TOPIC_LAG = Gauge("chsink_operator_sink_topic_lag", "Offsets not yet delivered, per topic", [*SINK, "topic"])
+STATE = Gauge("chsink_operator_sink_state", "1 for the sink's state, 0 for the others", [*SINK, "state"])
+READY = Gauge("chsink_operator_sink_ready", "1 when the sink is Ready (its job runs and delivers)", SINK)
+LAST_COMMIT = Gauge("chsink_operator_sink_last_commit_timestamp_seconds",
+                    "When a block of the sink was last committed (AFTER), as the state store says", SINK)
+COMMIT_AGE = Gauge("chsink_operator_sink_last_commit_age_seconds",
+                   "Seconds since the sink's last commit, as of the operator's last look (alerts: prefer "
+                   "time() - chsink_operator_sink_last_commit_timestamp_seconds)", SINK)
+REBALANCE = Gauge("chsink_operator_sink_rebalance_phase", "1 for the phase of a rebalance in progress",
+                  [*SINK, "phase"])
+_PER_SINK = (LAG, TOPIC_LAG, STATE, READY, LAST_COMMIT, COMMIT_AGE, REBALANCE)
+
+
+@dataclass(frozen=True)
+class SinkHealth:
+    state: str
+    ready: bool
+    lag: int | None = None  # None: not known (the store or Kafka did not answer)
+    topic_lag: Mapping[str, int] = field(default_factory=dict)
+    last_commit: float | None = None  # epoch seconds
+    rebalance_phase: str | None = None
+
+
+def sink_health(namespace: str, name: str, h: SinkHealth, now: float) -> None:
+    """Sets the sink's per-sink series from what its reconcile found; states and phases are one-hot."""
+    key = (namespace, name)
+    for s in map(str, SinkState):
+        STATE.labels(*key, s).set(1 if s == h.state else 0)
+    READY.labels(*key).set(1 if h.ready else 0)
+    if h.lag is not None:
+        LAG.labels(*key).set(h.lag)
+        set_per_shard(TOPIC_LAG, key, dict(h.topic_lag))
+    if h.last_commit is not None:
+        LAST_COMMIT.labels(*key).set(h.last_commit)
+        COMMIT_AGE.labels(*key).set(max(0.0, now - h.last_commit))
+    for phase in map(str, RebalancePhase):
+        REBALANCE.labels(*key, phase).set(1 if phase == h.rebalance_phase else 0)
+
+
+def _forget(namespace: str, name: str) -> None:
+    for gauge in (*_PER_SINK, STALLED):
+        for labels in [k for k in _label_sets(gauge) if k[:2] == (namespace, name)]:
+            gauge.remove(*labels)
+
+
+def _label_sets(gauge: Gauge) -> list[tuple[str, ...]]:
+    # prometheus_client keeps a child per label tuple; it has no public listing
+    return [tuple(labels) for labels in gauge._metrics]
 
 
 STALLED = Gauge("chsink_operator_stalled_partitions",

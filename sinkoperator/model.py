@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sparkapp.config import BatchingConfig, ConfigError, DlqConfig, FormatConfig, Strict, validation_lines
 
-from .podspec import ObjectUse, PodExtras, Volume, object_uses
+from .podspec import DNS_SUBDOMAIN, ObjectUse, PodExtras, Volume, object_uses
 from .spec import (
     CONFIG_DIR,
     OWNED_ENV,
@@ -118,6 +118,9 @@ class Driver(PodExtras):
 
 class Executor(Driver):
     instances: int = Field(default=1, ge=1)
+    # the driver's is spark.serviceAccount; executors call no Kubernetes API, but a workload identity
+    # (IRSA, Workload Identity) for a checkpoint's or a table's storage comes with the pod's ServiceAccount
+    service_account: str | None = Field(default=None, alias="serviceAccount", pattern=DNS_SUBDOMAIN)
 
 
 class SparkSpec(Strict):

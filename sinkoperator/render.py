@@ -232,6 +232,8 @@ def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
                 **pod_extras(env, ex), **pod_template(ex)}
     if ex.annotations:
         executor["annotations"] = dict(ex.annotations)
+    if ex.service_account:
+        executor["serviceAccount"] = ex.service_account
     for pod, out in ((spark.driver, driver), (ex, executor)):
         for key, value in (("coreRequest", pod.core_request), ("coreLimit", pod.core_limit),
                            ("memoryOverhead", pod.memory_overhead)):

@@ -49,6 +49,13 @@ def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, gene
         kopf.adopt(obj, owner=body)
         kube.upsert_status_object((GROUP, VERSION), meta["namespace"], STATUS_PLURAL, obj)
     metrics.sink_state(meta["namespace"], meta["name"], state)
+    ready = new.condition(ConditionType.READY)
+    last = (progress.partitions.get("lastCommit") if progress else None) or None
+    metrics.sink_health(meta["namespace"], meta["name"], metrics.SinkHealth(
+        str(state), bool(ready and ready.true), progress.lag if progress else None,
+        progress.topic_lag if progress else {},
+        dt.datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp() if last else None,
+        str(new.rebalance.phase) if new.rebalance else None), dt.datetime.now(dt.UTC).timestamp())
     _events(body, old, new)
     return new
 
@@ -93,12 +100,13 @@ def stalled_shards(rows: list[StateRow], status: Mapping[str, Any], at: dt.datet
 
 @dataclass(frozen=True)
 class Progress:
-    """What the store and Kafka say: the SinkStatus object's body (without the state), the total lag, and a
-    stall (a Problem) if any."""
+    """What the store and Kafka say: the SinkStatus object's body (without the state), the total lag, a stall (a
+    Problem) if any, and the lag per topic."""
 
     partitions: dict[str, Any]
     lag: int
     stall: Problem | None
+    topic_lag: dict[str, int]
 
 
 def progress(namespace: str, name: str, cfg: SinkConfig, store: StateStore, cr_status: SinkStatus) -> Progress:
@@ -109,7 +117,10 @@ def progress(namespace: str, name: str, cfg: SinkConfig, store: StateStore, cr_s
     partitions: list[dict[str, Any]] = []
     done = state.resume()
     highs = {tp: high for tp, (_, high) in all_watermarks(cfg.kafka, parts).items()}
-    total_lag = sum(max(0, high - done.get(tp, 0)) for tp, high in highs.items())
+    topic_lag: dict[str, int] = {}
+    for (t, part), high in highs.items():
+        topic_lag[t] = topic_lag.get(t, 0) + max(0, high - done.get((t, part), 0))
+    total_lag = sum(topic_lag.values())
     for r in rows:
         s = r.state
         high = highs.get((r.pk.topic, r.pk.partition), 0)
@@ -128,4 +139,4 @@ def progress(namespace: str, name: str, cfg: SinkConfig, store: StateStore, cr_s
     stall = Problem(Reason.SHARD_STALLED, "; ".join(
         f"shard {shard}: {len(ps)} partition(s) unconfirmed: {', '.join(ps[:10])}"
         for shard, ps in sorted(stalled.items()))) if stalled else None
-    return Progress(body, total_lag, stall)
+    return Progress(body, total_lag, stall, topic_lag)

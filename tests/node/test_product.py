@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -340,6 +341,17 @@ def _kill_the_holder_mid_change(p: Product) -> None:
     assert took < TAKEOVER_BOUND_S, took
 
 
+def _operator_lag(p: Product) -> float:
+    """The sink's lag as the acting operator replica's /metrics says (the standby serves no per-sink series): its
+    pod, named by the Lease, scraped at its IP from the host."""
+    holder = json.loads(p.node.kubectl("-n", "chsink-system", "get", "lease", "chsink", "-o", "json").stdout)[
+        "spec"]["holderIdentity"]
+    ip = p.node.kubectl("-n", "chsink-system", "get", "pod", holder, "-o", "jsonpath={.status.podIP}").stdout.strip()
+    text = urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=10).read().decode()
+    line = f'chsink_operator_sink_lag{{namespace="{NS}",sink="{SINK}"}} '
+    return float(next(x for x in text.splitlines() if x.startswith(line))[len(line):])
+
+
 def _sigkill_pod(pod: str) -> int:
     """SIGKILLs, from the host, every process of the pod (the chart gives each POD_NAME): the node is this machine."""
     n = 0
@@ -400,6 +412,12 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     assert "ExecutorLost" in {r for r, _ in events}, events
     job = _fault(p, "kill the driver pod", _delete(p, "spark-role=driver", "--grace-period=0", "--force"))
     assert any(r != "Running" for r, _ in job), job
+    def rotate() -> None:  # the job reads its Secrets at start: a rotation restarts it, through the driver's annotation
+        p.kubectl("patch", "secret", ENV_SECRET, "-p", json.dumps({"stringData": {"CHSINK_NODE_MARK": "rotated"}}))
+        p.wait("a driver with the rotated Secret", lambda: p.kubectl(
+            "exec", f"{APP}-driver", "--", "printenv", "CHSINK_NODE_MARK", check=False).stdout.strip() == "rotated",
+            timeout=240)
+    _fault(p, "rotate a Secret the driver reads", rotate)
     _fault(p, "kill the active operator replica with a change pending", lambda: _kill_the_holder_mid_change(p))
     _fault(p, "kill the ClickHouse pod", _delete(p, "app=clickhouse", "--grace-period=0", "--force"))
     def restart_kafka() -> None:
@@ -415,13 +433,20 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     p.snapshot("paused")
     paused = p.delivered()
     assert p.get("sparkapp", APP).get("status", {}).get("applicationState", {}).get("state") == "SUSPENDED"
+    lag_paused = _operator_lag(p)
     time.sleep(10)
     assert p.delivered() == paused, "a paused sink writes nothing"
+    # the operator's lag gauge rises while the producer goes on (and falls once resumed, below)
+    p.wait("the operator's lag gauge rises", lambda: _operator_lag(p) > lag_paused + 600, timeout=60)
+    lag_high = _operator_lag(p)
     pausing = [r for r, _ in p.sink_events() if r in ("Pausing", "Paused")]  # the run's only pause
     assert pausing == ["Pausing", "Paused"], pausing
     events = _fault(p, "resume", lambda: p.kubectl("patch", "chs", SINK, "--type=merge",
                                                     "-p", '{"spec": {"state": "running"}}'))
     assert ("Running" in {r for r, _ in events}), events
+    p.wait("the operator's lag gauge falls", lambda: _operator_lag(p) < lag_high / 2, timeout=60)
+    p.marks.append(f"operator lag gauge {lag_paused:.0f} paused, {lag_high:.0f} 10 s later, "
+                   f"{_operator_lag(p):.0f} resumed")
 
     events = _fault(p, "add a shard (live rebalance)",
                     lambda: p.node.kubectl("apply", "-f", "-", input=json.dumps(sink(shards=2))))
@@ -564,7 +589,8 @@ def test_a_sink_with_a_pod_template_runs_where_pod_security_restricted_is_enforc
                 checkpointLocation=f"{SCRATCH}/checkpoints/hardened")
     spec["spark"]["sparkConf"] = {}
     spec["spark"]["driver"].update(TEMPLATE)
-    spec["spark"]["executor"].update(TEMPLATE, volumeMounts=[{"name": "scratch", "mountPath": SCRATCH}])
+    spec["spark"]["executor"].update(TEMPLATE, envFrom=[{"secretRef": {"name": ENV_SECRET}}],
+                                     volumeMounts=[{"name": "scratch", "mountPath": SCRATCH}])
     p.node.kubectl("apply", "-f", "-", input=json.dumps(secure))
 
     def pods(role: str) -> list[dict[str, Any]]:
@@ -583,6 +609,8 @@ def test_a_sink_with_a_pod_template_runs_where_pod_security_restricted_is_enforc
         assert container["securityContext"] == TEMPLATE["securityContext"], (role, container.get("securityContext"))
         assert podspec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, role  # the default
         assert pod["metadata"]["labels"]["team"] == "node-e2e", role
+        assert {"secretRef": {"name": ENV_SECRET}} in container.get("envFrom", []), (role, container.get("envFrom"))
+        assert any(m["mountPath"] == SCRATCH for m in container.get("volumeMounts", [])), role
     p.wait("the hardened sink delivers", lambda: client.command(f"SELECT count() FROM {DB}.events_secure") > 0,
            timeout=240)
     p.node.kubectl("-n", SECURE_NS, "delete", "chs", "hardened", "--wait=true", "--timeout=120s")

@@ -119,7 +119,8 @@ def test_pause_resume_stop(sink):
     wait_for("app back", lambda: app_of(sink))
 
 
-def test_printer_columns_and_sinkstatus(sink):
+def running_with_two_partitions_delivered(sink) -> None:
+    """State rows of offsets 0..9 committed in both partitions, the sink applied and its job reported running."""
     e = sink["store"]
     e.ensure_schema()
     epoch = e.acquire_epoch(f"default.{sink['name']}")
@@ -130,6 +131,10 @@ def test_printer_columns_and_sinkstatus(sink):
     sink["apply"]()
     wait_for("app", lambda: app_of(sink))
     report(sink, "RUNNING")
+
+
+def test_printer_columns_and_sinkstatus(sink):
+    running_with_two_partitions_delivered(sink)
     wait_for("SinkStatus", lambda: (s := (get(sink["kube"], "sinkstatus", sink["name"]) or {}).get("status", {}))
              .get("partitionCount") == 2 and s.get("state") == "Running")
     wait_for("Ready", lambda: condition(sink, "Ready").get("status") == "True")
@@ -140,6 +145,38 @@ def test_printer_columns_and_sinkstatus(sink):
     assert st[0].split() == ["NAME", "SINK", "PARTITIONS", "LAG", "STATE", "LAST-COMMIT", "AGE"]
     assert st[1].split()[:5] == [sink["name"], f"default.{sink['name']}", "2", "0", "Running"]
     print("\n".join(out + st), file=sys.__stdout__)  # KopfRunner swaps sys.stdout
+
+
+def test_the_operator_exports_each_sinks_health_labelled_as_the_jobs_metrics_are(sink, kafka):
+    """Per sink, labelled namespace and sink as the job's metrics: lag summed and per topic (rising as records
+    arrive that nothing delivers), the state one-hot, Ready, the last commit, the rebalance phase; the series go
+    with the sink."""
+    from confluent_kafka import Producer
+    from prometheus_client import REGISTRY
+
+    committed = time.time()
+    running_with_two_partitions_delivered(sink)
+    labels = {"namespace": "default", "sink": sink["name"]}
+
+    def value(metric: str, **extra: str) -> float | None:
+        return REGISTRY.get_sample_value(metric, {**labels, **extra})
+
+    wait_for("Ready in the metrics", lambda: value("chsink_operator_sink_ready") == 1)
+    assert value("chsink_operator_sink_state", state="Running") == 1
+    assert value("chsink_operator_sink_state", state="Paused") == 0
+    assert value("chsink_operator_sink_lag") == 0 and value("chsink_operator_sink_topic_lag", topic=sink["topic"]) == 0
+    assert abs((value("chsink_operator_sink_last_commit_timestamp_seconds") or 0) - committed) < 120
+    assert (value("chsink_operator_sink_last_commit_age_seconds") or -1) >= 0
+    assert value("chsink_operator_sink_rebalance_phase", phase="Draining") == 0
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for _ in range(15):  # offsets 0..14 of partition 0: 10..14 are not delivered
+        producer.produce(sink["topic"], value=b"{}", partition=0)
+    producer.flush(30)
+    wait_for("lag 5", lambda: value("chsink_operator_sink_lag") == 5, timeout=60)
+    assert value("chsink_operator_sink_topic_lag", topic=sink["topic"]) == 5
+    sink["kube"].kubectl("delete", "clickhousesink", sink["name"], "--wait=true", "--timeout=60s")
+    wait_for("its series gone", lambda: value("chsink_operator_sink_ready") is None, timeout=30)
+    assert value("chsink_operator_sink_lag") is None and value("chsink_operator_sink_state", state="Running") is None
 
 
 def znodes(zookeeper, path: str) -> int:

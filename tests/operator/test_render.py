@@ -110,7 +110,7 @@ def test_a_pod_template_reaches_both_pods_and_survives_the_spark_operators_crd(c
     a server dry run through the spark-operator's CRD returns them whole (what it does not know it prunes), and
     the operator's own labels and annotations stay."""
     spec = copy.deepcopy(SAMPLE["spec"])
-    spec["spark"] = {"driver": TEMPLATE, "executor": TEMPLATE}
+    spec["spark"] = {"driver": TEMPLATE, "executor": {**TEMPLATE, "serviceAccount": "orders-executors"}}
     _, app = rendered(spec)
     res = chsink_crds.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(app))
     kept = json.loads(res.stdout)["spec"]
@@ -122,6 +122,7 @@ def test_a_pod_template_reaches_both_pods_and_survives_the_spark_operators_crd(c
         assert pod["labels"]["team"] == "payments" and pod["labels"]["chsink.io/sink"] == "orders", pod["labels"]
         assert pod["annotations"]["cost-centre"] == "42", pod["annotations"]
     assert kept["driver"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert kept["executor"]["serviceAccount"] == "orders-executors"
 
 
 def test_the_spark_pods_pass_pod_security_restricted_by_default():

@@ -273,3 +273,26 @@ def test_two_releases_named_alike_in_two_namespaces_do_not_collide():
     first = cluster_scoped()
     assert not first & cluster_scoped("fullnameOverride=chsink-team-b")
     assert cluster_scoped("nameOverride=ops") == {n.replace("chsink", "chsink-ops", 1) for n in first}
+
+
+def test_the_drivers_pod_monitor_selects_what_the_operator_renders_on_a_driver():
+    """Opt-in: a PodMonitor whose selector, namespaces and port are those of the drivers the operator renders
+    (their labels, their `metrics` container port), so the job's own metrics reach the Prometheus Operator."""
+    from sinkoperator.model import SinkSpec
+    from sinkoperator.render import render
+
+    assert not [d for d in template("x") if d["kind"] == "PodMonitor"]  # off by default
+    [mon] = [d for d in template("x", sets=("metrics.podMonitor.enabled=true", "watchNamespaces={data}"))
+             if d["kind"] == "PodMonitor"]
+    sample = yaml.safe_load((REPO / "tests" / "operator" / "sample.yaml").read_text())
+    _, app = render("data", "orders", SinkSpec.parse(sample["spec"], "orders"))
+    driver = app["spec"]["driver"]
+    wanted = mon["spec"]["selector"]["matchLabels"]
+    assert set(wanted) == {"app.kubernetes.io/managed-by", "spark-role"} and wanted["spark-role"] == "driver"
+    # the operator's label, and the one Spark puts on every driver pod it starts
+    assert driver["labels"]["app.kubernetes.io/managed-by"] == wanted["app.kubernetes.io/managed-by"]
+    assert mon["spec"]["namespaceSelector"] == {"matchNames": ["data"]}
+    [endpoint] = mon["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in driver["ports"]}
+    [wide] = [d for d in template("x", sets=("metrics.podMonitor.enabled=true",)) if d["kind"] == "PodMonitor"]
+    assert wide["spec"]["namespaceSelector"] == {"any": True}
