@@ -40,8 +40,8 @@ def delete_checkpoint(location: str, sink: str) -> str:
     """Deletes what chsink wrote under a checkpoint the operator's pod reaches (a local or mounted path) as
     edges.checkpoint decides. Returns what happened, for the Event."""
     local = location.removeprefix("file://")
-    if not local.startswith("/"):
-        return f"checkpoint {location} is not a path the operator's pod reaches"
+    if not local.startswith("/"):  # remote, or local to Hadoop but relative to the driver's working directory
+        return f"checkpoint {location} is not an absolute local path, the only kind the operator's pod reaches"
     return checkpoint_files.delete_checkpoint(checkpoint_files.LocalFiles(Path(local)), location, sink)
 
 

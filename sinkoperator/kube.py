@@ -330,11 +330,7 @@ def _secrets(namespace: str, uses: Iterable[ObjectUse]) -> dict[str, client.V1Se
                 if e.status == 404 and use.optional:
                     missing.add(use.name)
                     continue
-                why = {404: "it does not exist",
-                       403: "the operator may not read it (RBAC: add it to the chart's rbac.secretNames)"}.get(
-                    e.status, f"{e.status} {e.reason}")
-                raise SecretUnavailableError(f"{use.field}: cannot read Secret {namespace}/{use.name}: {why}") \
-                    from None
+                raise _unreadable(e, "Secret", namespace, use) from None
         if use.name in secrets and use.key is not None and use.key not in (secrets[use.name].data or {}) \
                 and not use.optional:
             raise SecretUnavailableError(f"{use.field}: Secret {namespace}/{use.name} has no key {use.key!r}")
@@ -367,10 +363,16 @@ def object_versions(namespace: str, uses: Iterable[ObjectUse]) -> dict[str, str]
         except ApiException as e:
             if e.status == 404 and use.optional:
                 continue
-            why = "it does not exist" if e.status == 404 else f"{e.status} {e.reason}"
-            raise SecretUnavailableError(f"{use.field}: cannot read ConfigMap {namespace}/{use.name}: {why}") \
-                from None
+            raise _unreadable(e, "ConfigMap", namespace, use) from None
     return versions
+
+
+def _unreadable(e: ApiException, kind: str, namespace: str, use: ObjectUse) -> SecretUnavailableError:
+    """Why an object a pod reads cannot be read, naming the spec field that reads it."""
+    why = {404: "it does not exist",
+           403: "the operator may not read it (RBAC: add it to the chart's rbac.secretNames)"}.get(
+        e.status, f"{e.status} {e.reason}")
+    return SecretUnavailableError(f"{use.field}: cannot read {kind} {namespace}/{use.name}: {why}")
 
 
 def _version(obj: Any) -> str:

@@ -180,6 +180,12 @@ def pod_extras(env: list[dict[str, Any]], pod: PodExtras) -> dict[str, Any]:
     return out
 
 
+def sink_labels(name: str) -> dict[str, str]:
+    """What every object rendered for a sink carries: a selector for its objects and the operator's mark."""
+    return {"app.kubernetes.io/name": "chsink", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/managed-by": "chsink-operator", f"{GROUP}/sink": name}
+
+
 def pod_template(pod: PodExtras) -> dict[str, Any]:
     """A driver's or executors' scheduling and security, as the SparkApplication names them: Pod Security
     `restricted` unless the sink gives its own security contexts (each replaces its default whole)."""
@@ -189,7 +195,7 @@ def pod_template(pod: PodExtras) -> dict[str, Any]:
     for key, value in (("nodeSelector", pod.node_selector), ("tolerations", pod.tolerations),
                        ("affinity", pod.affinity), ("priorityClassName", pod.priority_class_name),
                        ("terminationGracePeriodSeconds", pod.termination_grace_period_seconds)):
-        if value:
+        if value not in (None, {}, []):  # 0 seconds is meant
             out[key] = value
     return out
 
@@ -202,8 +208,7 @@ def render(namespace: str, name: str, spec: SinkSpec, nonce: str = "",
     `object_versions` (kube.object_versions of the Secrets and ConfigMaps its pods read) restarts it when one
     changes."""
     cfg = sink_config(namespace, name, spec, status)
-    labels = {"app.kubernetes.io/name": "chsink", "app.kubernetes.io/instance": name,
-              "app.kubernetes.io/managed-by": "chsink-operator", f"{GROUP}/sink": name}
+    labels = sink_labels(name)
     config_text = yaml.safe_dump(cfg.redacted(), sort_keys=True)
     cm: dict[str, Any] = {
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -298,9 +303,7 @@ def checkpoint_job(namespace: str, name: str, spec: SinkSpec, sink: str, default
         pod["serviceAccountName"] = spark.service_account or defaults.service_account
     if spark.volumes:
         pod["volumes"] = dump(spark.volumes)
-    labels = {"app.kubernetes.io/name": "chsink", "app.kubernetes.io/instance": name,
-              "app.kubernetes.io/managed-by": "chsink-operator", "app.kubernetes.io/component": "checkpoint-cleanup",
-              f"{GROUP}/sink": name}
+    labels = {**sink_labels(name), "app.kubernetes.io/component": "checkpoint-cleanup"}
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": checkpoint_job_name(name), "namespace": namespace, "labels": labels},
             # a try or two for a flaky store; kept an hour for `kubectl logs` should the operator not delete it

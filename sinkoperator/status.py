@@ -50,11 +50,9 @@ def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, gene
         kube.upsert_status_object((GROUP, VERSION), meta["namespace"], STATUS_PLURAL, obj)
     metrics.sink_state(meta["namespace"], meta["name"], state)
     ready = new.condition(ConditionType.READY)
-    last = (progress.partitions.get("lastCommit") if progress else None) or None
     metrics.sink_health(meta["namespace"], meta["name"], metrics.SinkHealth(
         str(state), bool(ready and ready.true), progress.lag if progress else None,
-        progress.topic_lag if progress else {},
-        dt.datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp() if last else None,
+        progress.topic_lag if progress else {}, progress.last_commit if progress else None,
         str(new.rebalance.phase) if new.rebalance else None), dt.datetime.now(dt.UTC).timestamp())
     _events(body, old, new)
     return new
@@ -101,12 +99,13 @@ def stalled_shards(rows: list[StateRow], status: Mapping[str, Any], at: dt.datet
 @dataclass(frozen=True)
 class Progress:
     """What the store and Kafka say: the SinkStatus object's body (without the state), the total lag, a stall (a
-    Problem) if any, and the lag per topic."""
+    Problem) if any, the lag per topic and when the last block was committed (epoch seconds)."""
 
     partitions: dict[str, Any]
     lag: int
     stall: Problem | None
     topic_lag: dict[str, int]
+    last_commit: float | None
 
 
 def progress(namespace: str, name: str, cfg: SinkConfig, store: StateStore, cr_status: SinkStatus) -> Progress:
@@ -139,4 +138,5 @@ def progress(namespace: str, name: str, cfg: SinkConfig, store: StateStore, cr_s
     stall = Problem(Reason.SHARD_STALLED, "; ".join(
         f"shard {shard}: {len(ps)} partition(s) unconfirmed: {', '.join(ps[:10])}"
         for shard, ps in sorted(stalled.items()))) if stalled else None
-    return Progress(body, total_lag, stall, topic_lag)
+    newest = max((r.updated_at for r in rows), default=None)
+    return Progress(body, total_lag, stall, topic_lag, newest.timestamp() if newest else None)

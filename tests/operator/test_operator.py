@@ -215,7 +215,7 @@ def test_checkpoint_deletion_takes_only_what_chsink_marked_and_wrote(tmp_path):
     from tests.helpers import checkpoint_deletions
 
     checkpoint_deletions(tmp_path, delete_checkpoint)
-    assert "not a path the operator's pod reaches" in delete_checkpoint("s3a://bucket/ckpt", "ns.a")
+    assert "not an absolute local path" in delete_checkpoint("s3a://bucket/ckpt", "ns.a")
 
 
 def test_invalid_spec_sets_degraded_naming_the_field(sink):

@@ -125,6 +125,16 @@ def test_a_pod_template_reaches_both_pods_and_survives_the_spark_operators_crd(c
     assert kept["executor"]["serviceAccount"] == "orders-executors"
 
 
+def test_a_zero_termination_grace_period_is_kept_and_an_empty_template_adds_nothing():
+    """0 is a value a user means (kill at once), not an absent one; empty selectors and lists render nothing,
+    so a sink without a template keeps its spec hash."""
+    spec = copy.deepcopy(SAMPLE["spec"])
+    spec["spark"] = {"driver": {"terminationGracePeriodSeconds": 0}, "executor": {"nodeSelector": {}, "tolerations": []}}
+    s = rendered(spec)[1]["spec"]
+    assert s["driver"]["terminationGracePeriodSeconds"] == 0, s["driver"]
+    assert "nodeSelector" not in s["executor"] and "tolerations" not in s["executor"], s["executor"]
+
+
 def test_the_spark_pods_pass_pod_security_restricted_by_default():
     """No security context given: non-root as the Spark image's user, no privilege escalation, every capability
     dropped, seccomp RuntimeDefault (what `restricted` asks; on the node the product's pods run in a namespace
