@@ -2,7 +2,7 @@
 # Provisions the real test bed: apt packages, Kafka jars, Spark connector jars, kube-apiserver,
 # kubectl, etcd and helm built from Go modules, and the upstream SparkApplication CRDs.
 # Idempotent: every part lands in ~/.cache/chsink/<part>-<version> and is skipped when present.
-# Usage: hack/provision.sh [all|early|late|demo|apt|java|kafka|spark|spark-cds|schema-registry|k8s|etcd|helm|crds|cluster|node|coredns|spark-operator|s3]...
+# Usage: hack/provision.sh [all|early|late|demo|apt|java|kafka|spark|spark-cds|schema-registry|k8s|etcd|helm|promtool|crds|cluster|node|coredns|spark-operator|s3]...
 #   demo: only what `make demo` needs (a JRE, Kafka, Spark's Kafka connector); all: the whole test bed;
 #   cluster: the node (containerd, runc, CNI, kubelet and the rest, CoreDNS, the spark-operator, the images);
 #   early + late = all: what the first tests need (packages, jars), then the Go builds and images.
@@ -170,6 +170,13 @@ helm() {
     "helm.sh/helm/v3@$HELM_VERSION" "" helm.sh/helm/v3/cmd/helm
 }
 
+# promtool: `promtool test rules` for the chart's alerts, `promtool check` for the dashboard's queries
+promtool() {
+  local dest="$CACHE/promtool-$PROMETHEUS_VERSION"
+  step "promtool $PROMETHEUS_VERSION (go build)" "$dest" go_module_build "$dest" \
+    "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" "" github.com/prometheus/prometheus/cmd/promtool
+}
+
 # The node: kubelet, kube-proxy, scheduler and controller-manager from the apiserver's own module.
 node_bins() {
   local dest="$CACHE/k8s-node-$K8S_VERSION-$K8S_BUILD"
@@ -231,9 +238,9 @@ parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(all)
 t_all=$SECONDS
 for p in "${parts[@]}"; do
   case $p in
-    all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; spark_cds; schema_registry; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; s3_server; "$here/images.sh" base ;;
+    all) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; spark_cds; schema_registry; crds; etcd; k8s; helm; node_bins; coredns; spark_operator; s3_server; "$here/images.sh" base; promtool ;;
     early) apt_install zookeeper default-jre-headless $NODE_APT; kafka; spark_jars; spark_cds; schema_registry ;;
-    late) crds; etcd; k8s; helm; node_bins; coredns; spark_operator; s3_server; "$here/images.sh" base ;;
+    late) crds; etcd; k8s; helm; node_bins; coredns; spark_operator; s3_server; "$here/images.sh" base; promtool ;;
     cluster) apt_install $NODE_APT; node_bins; coredns; spark_operator; s3_server; "$here/images.sh" base ;;
     node) node_bins ;;
     coredns) coredns ;;
@@ -248,6 +255,7 @@ for p in "${parts[@]}"; do
     k8s) k8s ;;
     etcd) etcd ;;
     helm) helm ;;
+    promtool) promtool ;;
     crds) crds ;;
     s3) s3_server ;;
     *) echo "unknown part: $p" >&2; exit 2 ;;

@@ -25,8 +25,8 @@ def operator_config(namespace: str, name: str, spec: SinkSpec,
     cfg = sink_config(namespace, name, spec, status)
     values = secret_values(namespace, secret_refs(spec))
     for ref in (cfg.clickhouse.password, *cfg.kafka.secret_options.values()):
-        if ref is not None and ref.env in values:
-            ref.bind(values[ref.env])
+        if ref is not None and ref.variables and all(v in values for v in ref.variables):
+            ref.bind("\n".join(values[v].strip() for v in ref.variables))  # as SecretRef.resolve joins them
     return cfg
 
 

@@ -9,6 +9,7 @@ import kopf
 
 from sparkapp.config import SinkConfig, is_local_path
 from sparkapp.edges import checkpoint as checkpoint_files
+from sparkapp.edges.verified import VerifiedStore
 
 from . import kube
 from .access import open_store, operator_config
@@ -79,6 +80,8 @@ def cleanup(body: Any, namespace: str, name: str, spec: SinkSpec, meta: dict[str
         done, checkpoint = True, delete_checkpoint(cfg.checkpoint_location, cfg.name)
     else:
         done, checkpoint = delete_remote_checkpoint(namespace, name, spec, cfg.name)
-    n = open_store(cfg).delete(cfg.name)
+    store = open_store(cfg)
+    n = store.delete(cfg.name)
+    VerifiedStore(store).delete(cfg.name)
     (kopf.info if done else kopf.warn)(body, reason="CheckpointCleanup", message=checkpoint)
     kopf.info(body, reason="Cleaned", message=f"deleted {n} partition state row(s) of sink {cfg.name}")

@@ -11,8 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .model import Condition
-from .spec import FAILED_APP_STATES, AppState, ConditionType, DesiredState, Reason, RebalancePhase, SinkState
+from .model import Condition, Verification
+from .spec import (
+    FAILED_APP_STATES,
+    AppState,
+    ConditionType,
+    DesiredState,
+    Reason,
+    RebalancePhase,
+    SinkState,
+    VerifyResult,
+)
 
 # the rollout states: something is on its way, not wrong
 _PROGRESSING = {SinkState.PENDING, SinkState.DEPLOYING, SinkState.DRAINING, SinkState.PAUSING, SinkState.STOPPING,
@@ -41,6 +50,7 @@ class Observed:
     rollout: str = ""  # what this reconcile changed ("created", "patched", "deleted"), if anything
     pods: tuple[str, ...] = ()  # the job's pods that may still write (a stopping driver finishes its batch)
     held: bool = False  # the job failed in a way only a change fixes, and is kept suspended
+    verification: Verification | None = None  # with spec.verify: where the scheduled verifier stands
 
 
 def sink_state(o: Observed) -> SinkState:
@@ -67,7 +77,8 @@ def sink_state(o: Observed) -> SinkState:
 
 
 def conditions(o: Observed, generation: int, now: str) -> tuple[SinkState, list[Condition]]:
-    """The sink's state and its Ready, Progressing and Degraded conditions (one of each, always)."""
+    """The sink's state and its Ready, Progressing and Degraded conditions (one of each, always), and Verified
+    with spec.verify."""
     state = sink_state(o)
     degraded: tuple[str, str] | None = None
     if o.problem is not None:
@@ -97,9 +108,27 @@ def conditions(o: Observed, generation: int, now: str) -> tuple[SinkState, list[
                                          "message": message, "observedGeneration": generation,
                                          "lastTransitionTime": now})
 
-    return state, [cond(ConditionType.READY, ready, ready_reason, ready_msg),
-                   cond(ConditionType.PROGRESSING, progressing, prog_reason, prog_msg),
-                   cond(ConditionType.DEGRADED, degraded is not None, *(degraded or ("AsExpected", "")))]
+    out = [cond(ConditionType.READY, ready, ready_reason, ready_msg),
+           cond(ConditionType.PROGRESSING, progressing, prog_reason, prog_msg),
+           cond(ConditionType.DEGRADED, degraded is not None, *(degraded or ("AsExpected", "")))]
+    if (v := o.verification) is not None:
+        status, reason, message = _verified(v)
+        out.append(Condition.model_validate({"type": ConditionType.VERIFIED, "status": status, "reason": reason,
+                                             "message": message, "observedGeneration": generation,
+                                             "lastTransitionTime": now}))
+    return state, out
+
+
+def _verified(v: Verification) -> tuple[str, str, str]:
+    """(status, reason, message) of the Verified condition: Unknown until a first run has finished."""
+    if v.result is VerifyResult.OK:
+        return "True", "Verified", f"{v.offsets:,} settled offsets each in ClickHouse or the DLQ exactly once " \
+            f"(last run {v.finished_at})"
+    if v.result is VerifyResult.ANOMALY:
+        return "False", Reason.VERIFY_ANOMALY, "; ".join(v.findings)
+    if v.result is VerifyResult.FAILED:
+        return "Unknown", Reason.VERIFY_FAILED, v.message
+    return "Unknown", Reason.VERIFICATION_PENDING, "the first run of the verifier has not finished"
 
 
 _WHY_NOT_READY = {

@@ -23,6 +23,7 @@ from .spec import (
     DesiredState,
     RebalancePhase,
     SinkState,
+    VerifyResult,
 )
 
 CPU = r"^[0-9]+(\.[0-9]+)?m?$"  # Spark's cores as Kubernetes takes them: "1", "0.5", "500m"
@@ -40,6 +41,63 @@ class SecretRefName(Strict):
     name: str = Field(min_length=1)
 
 
+class CertSecretSource(Strict):
+    """A certificate in a Secret, as Strimzi names it: a cluster CA Secret (`<cluster>-cluster-ca-cert`, key
+    `ca.crt`) as it is."""
+
+    secret_name: str = Field(alias="secretName", pattern=DNS_SUBDOMAIN)
+    certificate: str = Field(min_length=1)
+
+
+class CertAndKeySecretSource(CertSecretSource):
+    """A certificate and its PEM key in a Secret: a KafkaUser's (`user.crt`, `user.key`) as it is."""
+
+    key: str = Field(min_length=1)
+
+
+class PasswordSecretSource(Strict):
+    secret_name: str = Field(alias="secretName", pattern=DNS_SUBDOMAIN)
+    password: str = Field(min_length=1)
+
+
+class KafkaTls(Strict):
+    """spec.kafka.tls: TLS to the brokers, trusting these certificates."""
+
+    trusted_certificates: list[CertSecretSource] = Field(alias="trustedCertificates", min_length=1, max_length=16)
+
+
+class KafkaAuthentication(Strict):
+    """spec.kafka.authentication, as Strimzi's KafkaClientAuthentication* types spell it."""
+
+    type: Literal["tls", "scram-sha-512", "scram-sha-256", "plain", "oauth"]
+    certificate_and_key: CertAndKeySecretSource | None = Field(default=None, alias="certificateAndKey")
+    username: str | None = Field(default=None, min_length=1)
+    password_secret: PasswordSecretSource | None = Field(default=None, alias="passwordSecret")
+
+    @model_validator(mode="after")
+    def _fields_of_the_type(self) -> KafkaAuthentication:
+        if self.type == "oauth":
+            raise ValueError("type oauth: not supported: OAUTHBEARER needs a token endpoint, and none runs where "
+                             "chsink is tested; use tls or scram-sha-512, or give the clients' own options "
+                             "(kafka.options with sourceOptions kafka.sasl.jaas.config)")
+        if self.type == "tls":
+            if self.certificate_and_key is None:
+                raise ValueError("type tls: give certificateAndKey (secretName, certificate, key), e.g. a "
+                                 "KafkaUser's Secret with user.crt and user.key")
+            if self.username is not None or self.password_secret is not None:
+                raise ValueError("type tls takes certificateAndKey, not username or passwordSecret")
+        else:
+            if self.username is None or self.password_secret is None:
+                raise ValueError(f"type {self.type}: give username and passwordSecret (secretName, password)")
+            if self.certificate_and_key is not None:
+                raise ValueError(f"type {self.type} takes username and passwordSecret, not certificateAndKey")
+        return self
+
+
+# what kafka.tls and kafka.authentication set: a raw option beside them would say it twice, differently
+_SECURITY_OPTIONS = ("security.protocol", "sasl.", "ssl.")
+
+
 class KafkaSpec(Strict):
     bootstrap_servers: str = Field(alias="bootstrapServers", min_length=1)
     topics: list[str] = Field(default_factory=list)
@@ -50,11 +108,22 @@ class KafkaSpec(Strict):
     starting_offsets: Literal["earliest", "latest"] | dict[str, dict[int, int]] = Field(
         default="earliest", alias="startingOffsets")
     acknowledge_redelivery: bool = Field(default=False, alias="acknowledgeRedelivery")
+    consumer_group: str | None = Field(default=None, alias="consumerGroup")
+    tls: KafkaTls | None = None
+    authentication: KafkaAuthentication | None = None
 
     @model_validator(mode="after")
     def _secret_ref(self) -> KafkaSpec:
         if self.secret_options and self.secret_ref is None:
             raise ValueError("secretOptions names keys of a Secret: give secretRef.name, the Secret holding them")
+        if self.authentication is not None and self.authentication.type == "tls" and self.tls is None:
+            raise ValueError("authentication type tls needs tls.trustedCertificates: client certificates are "
+                             "presented over TLS, which trusts the brokers' CA")
+        if self.tls is not None or self.authentication is not None:
+            clash = sorted(o for o in (*self.options, *self.secret_options) if o.startswith(_SECURITY_OPTIONS))
+            if clash:
+                raise ValueError(f"options / secretOptions {clash}: set by tls and authentication; give the "
+                                 "security one way")
         return self
 
 
@@ -168,6 +237,31 @@ class SparkSpec(Strict):
                 *object_uses("spec.spark.executor", self.executor, self.volumes)]
 
 
+DURATION = r"^[0-9]+(s|m|h)$"  # "90s", "10m", "6h"
+
+
+def seconds(duration: str) -> int:
+    """A DURATION in seconds."""
+    return int(duration[:-1]) * {"s": 1, "m": 60, "h": 3600}[duration[-1]]
+
+
+class VerifySpec(Strict):
+    """spec.verify: the verifier, run by the operator as a Job, over the offsets settled since its last run."""
+
+    schedule: str = Field(default="30m", pattern=DURATION,
+                          description="how long after one run the next starts (a duration: 90s, 30m, 6h)")
+    window: str = Field(default="10m", pattern=DURATION,
+                        description="an offset is checked once Kafka has held it this long and it was delivered")
+
+    @property
+    def schedule_s(self) -> int:
+        return seconds(self.schedule)
+
+    @property
+    def window_s(self) -> int:
+        return seconds(self.window)
+
+
 class SinkSpec(Strict):
     """spec of a ClickHouseSink."""
 
@@ -182,6 +276,7 @@ class SinkSpec(Strict):
     spark: SparkSpec = Field(default_factory=SparkSpec)
     state: DesiredState = DesiredState.RUNNING
     deletion_policy: str = Field(default="Retain", alias="deletionPolicy")
+    verify: VerifySpec | None = None
 
     @classmethod
     def parse(cls, spec: Any, name: str = "") -> SinkSpec:
@@ -268,6 +363,21 @@ class Rebalance(BaseModel):
         return self.phase in (RebalancePhase.AWAITING_APPROVAL, RebalancePhase.SETTLING, RebalancePhase.DRAINING)
 
 
+class Verification(BaseModel):
+    """status.verification: the scheduled verifier's last run (spec.verify)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    result: VerifyResult | None = Field(default=None, description="unset until the first run finishes")
+    summary: str = Field(default="", description="what `kubectl get chs` shows: `OK 12,345 offsets`, `ANOMALY ...`")
+    offsets: int = Field(default=0, description="offsets verified by every run so far")
+    checked: int = Field(default=0, description="offsets the last run verified")
+    findings: list[str] = Field(default_factory=list, description="the partitions and offsets at fault")
+    anomalies: int = Field(default=0, description="partitions the last run found at fault")
+    message: str = Field(default="", description="why the last run failed, or what it noted")
+    started_at: str = Field(default="", alias="startedAt", description="when the last run's Job was created")
+    finished_at: str = Field(default="", alias="finishedAt")
+
+
 class SinkStatus(BaseModel):
     """status of a ClickHouseSink: what `kubectl get chs` shows (the SinkStatus object holds per-partition rows)."""
 
@@ -281,6 +391,7 @@ class SinkStatus(BaseModel):
     previous_layout: dict[str, Any] | None = Field(default=None, alias="previousLayout")
     rebalance: Rebalance | None = None
     spark_application: AppStatus = Field(default_factory=AppStatus, alias="sparkApplication")
+    verification: Verification | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
     @classmethod

@@ -36,7 +36,10 @@ def _classify(e: BaseException) -> Problem:
         return Problem(Reason.SECRET_UNAVAILABLE, str(e))
     if isinstance(e, SparkOperatorMissingError):
         return Problem(Reason.SPARK_OPERATOR_MISSING, str(e))
-    if isinstance(e, (KafkaUnavailableError, KafkaRefusedError)):  # a Secret's new password helps, so retried
+    if isinstance(e, KafkaRefusedError):  # a Secret's new password or certificate helps, so retried; the message
+        text = str(e)                     # names the fields and Secrets the credentials come from
+        return Problem(Reason.KAFKA_REFUSED, text if text.startswith("spec.") else f"spec.kafka: {text}")
+    if isinstance(e, KafkaUnavailableError):
         return Problem(Reason.KAFKA_UNAVAILABLE, f"spec.kafka: {e}")
     if isinstance(e, (EndpointUnreachableError, ClickHouseRejectedError)) or \
             type(e).__module__.startswith("clickhouse_connect"):

@@ -22,7 +22,7 @@ from sparkapp.config import ConfigError, SinkConfig
 from sparkapp.core.state_machine import Phase
 from sparkapp.edges.kafka import topic_partitions
 
-from . import jobfailure, kube, metrics, prerequisites, status
+from . import jobfailure, kube, metrics, prerequisites, status, verification
 from .access import open_store, operator_config
 from .cleanup import clean_removed_topics
 from .lifecycle import Observed, Problem, named
@@ -121,11 +121,13 @@ def _reconcile(body: Any) -> Outcome:
             cfg = operator_config(namespace, name, spec, new.dump())
             progress = status.progress(namespace, name, cfg, open_store(cfg), new)
             new, stall = new.model_copy(update={"lag": progress.lag}), progress.stall
+            new = new.model_copy(update={"verification": verification.observe(
+                body, namespace, name, spec, new.verification, dt.datetime.now(dt.UTC))})
         except Exception as e:
             problem = problem or classify(e)
     observed = Observed(desired, app_state, app_msg, new.rebalance.phase if new.rebalance else None,
                         problem or (hold and jobfailure.hold_problem(hold, job_retry_seconds())) or unmet or stall,
-                        pods=pods, held=hold is not None,
+                        pods=pods, held=hold is not None, verification=new.verification,
                         rollout=changed if changed in ("created", "patched", "deleted") else "")
     status.record(body, old, new, observed, generation, progress)
     metrics.RECONCILES.labels(changed or "failed").inc()

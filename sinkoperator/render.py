@@ -21,6 +21,7 @@ import yaml
 
 from sparkapp.config import SinkConfig, parse_config, with_jvm_defaults
 
+from . import kafka_auth
 from .model import SinkSpec
 from .podspec import RESTRICTED_CONTAINER, RESTRICTED_POD, ObjectUse, PodExtras, dump, env_object_uses
 from .rebalance import initial_layout, previous_config, routing
@@ -78,6 +79,11 @@ def secret_env(option: str) -> str:
     return OWNED_ENV_PREFIX + re.sub(r"[^A-Z0-9]", "_", option.upper())
 
 
+def _auth_env(so: kafka_auth.SecretOption, i: int) -> str:
+    """The env var of a Secret-backed option of kafka.tls / kafka.authentication (one per trusted certificate)."""
+    return secret_env(so.option) + (f"_{i}" if len(so.keys) > 1 else "")
+
+
 def sink_config(namespace: str, name: str, spec: SinkSpec, status: Mapping[str, Any] | None = None) -> SinkConfig:
     """The job's SinkConfig for a ClickHouseSink spec; errors name the field.
 
@@ -85,10 +91,18 @@ def sink_config(namespace: str, name: str, spec: SinkSpec, status: Mapping[str, 
     spec's shards reaches the job only through a rebalance (rebalance.py).
     """
     k, ch = spec.kafka, spec.clickhouse
-    kafka: dict[str, Any] = {"bootstrapServers": k.bootstrap_servers, "options": k.options,
+    auth_options, auth_secrets = kafka_auth.security(k)
+    kafka: dict[str, Any] = {"bootstrapServers": k.bootstrap_servers, "options": {**k.options, **auth_options},
                              "secretOptions": {opt: {"env": secret_env(opt)} for opt in k.secret_options}}
+    for so in auth_secrets:
+        names = [_auth_env(so, i) for i in range(len(so.keys))]
+        kafka["secretOptions"][so.option] = {"env": names[0]} if len(names) == 1 else {"envs": names}
+    if (where := kafka_auth.credentials_from(k)) is not None:
+        kafka["credentialsFrom"] = where
     kafka.update({"topics": k.topics} if k.topics else {"topicPattern": k.topic_pattern})
     kafka.update({"startingOffsets": k.starting_offsets, "acknowledgeRedelivery": k.acknowledge_redelivery})
+    if k.consumer_group:
+        kafka["consumerGroup"] = k.consumer_group
     layout = dict((status or {}).get("layout") or initial_layout(spec))
     clickhouse: dict[str, Any] = {
         "endpoints": layout["endpoints"], "database": ch.database, "tables": ch.tables, "settings": ch.settings,
@@ -128,6 +142,11 @@ def secret_refs(spec: SinkSpec) -> list[tuple[str, dict[str, Any]]]:
         assert k.secret_ref is not None  # the model requires it with secretOptions
         out.append((f"spec.kafka.secretOptions[{opt}]", {
             "name": secret_env(opt), "valueFrom": {"secretKeyRef": {"name": k.secret_ref.name, "key": key}}}))
+    for so in kafka_auth.security(k)[1]:
+        for i, (secret, key) in enumerate(so.keys):
+            field = f"{so.field}[{i}]" if len(so.keys) > 1 else so.field
+            out.append((field, {"name": _auth_env(so, i), "valueFrom": {"secretKeyRef": {"name": secret,
+                                                                                          "key": key}}}))
     cred = spec.clickhouse.credentials_secret_ref
     if cred:
         out.append(("spec.clickhouse.credentialsSecretRef", {"name": CLICKHOUSE_PASSWORD_ENV, "valueFrom": {
@@ -282,19 +301,49 @@ CLEANUP_RESOURCES = {"requests": {"cpu": "100m", "memory": "768Mi"}, "limits": {
 
 def checkpoint_job(namespace: str, name: str, spec: SinkSpec, sink: str, defaults: Defaults = Defaults(),
                    ) -> dict[str, Any]:
-    """The Job that deletes a remote checkpoint (s3a://, hdfs://...) of a deleted sink: the job's image, which has
-    those file systems' clients, with what the driver gets to reach them (its ServiceAccount, env, envFrom,
-    volumes and the sparkConf's Hadoop settings) and its pod template, running `delete-checkpoint`."""
-    spark = spec.spark
-    hadoop = {k: v for k, v in sorted(spark.spark_conf.items()) if k.startswith("spark.hadoop.")}
+    """The Job that deletes a remote checkpoint (s3a://, hdfs://...) of a deleted sink, running
+    `delete-checkpoint` with the sparkConf's Hadoop settings."""
+    hadoop = {k: v for k, v in sorted(spec.spark.spark_conf.items()) if k.startswith("spark.hadoop.")}
     conf = [f"--conf={k}={v}" for k, v in {**hadoop, "spark.driver.memory": CLEANUP_JVM_HEAP}.items()]
+    return _driver_job(namespace, name, spec, defaults, "checkpoint-cleanup", checkpoint_job_name(name),
+                       ["delete-checkpoint", f"--location={spec.checkpoint_location}", f"--sink={sink}", *conf],
+                       CLEANUP_RESOURCES, deadline_s=600)
+
+
+def verify_job_name(name: str) -> str:
+    return f"{object_name(name)}-verify"
+
+
+# the verifier reads Kafka and ClickHouse from Python, without Spark: counts, and offsets only where they differ
+VERIFY_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+_CONFIG_VOLUME = "chsink-config"
+
+
+def verify_job(namespace: str, name: str, spec: SinkSpec, window_s: float, defaults: Defaults = Defaults(),
+               ) -> dict[str, Any]:
+    """A run of the scheduled verifier (spec.verify): `verify --settled-window` on the sink's ConfigMap, with the
+    Secrets the job reads, as env vars named as the job's."""
+    job = _driver_job(namespace, name, spec, defaults, "verify", verify_job_name(name),
+                      ["verify", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--settled-window", f"{window_s:g}"],
+                      VERIFY_RESOURCES, deadline_s=3600, env=[var for _, var in secret_refs(spec)])
+    pod = job["spec"]["template"]["spec"]
+    pod["volumes"] = [*pod.get("volumes", []), {"name": _CONFIG_VOLUME, "configMap": {"name": object_name(name)}}]
+    container = pod["containers"][0]
+    container["volumeMounts"] = [*container.get("volumeMounts", []),
+                                 {"name": _CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
+    return job
+
+
+def _driver_job(namespace: str, name: str, spec: SinkSpec, defaults: Defaults, component: str, job_name: str,
+                args: list[str], resources: dict[str, Any], deadline_s: int,
+                env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A Job of the job's image run as the driver is: its ServiceAccount, env, envFrom, volumes and pod template
+    (scheduling and security, under a pod's own names)."""
+    spark = spec.spark
     container: dict[str, Any] = {
-        "name": "checkpoint-cleanup", "image": spark.image or defaults.image,
-        "imagePullPolicy": spark.image_pull_policy,
-        "command": ["python3", "/opt/chsink/main.py", "delete-checkpoint", f"--location={spec.checkpoint_location}",
-                    f"--sink={sink}", *conf],
-        "resources": CLEANUP_RESOURCES, **pod_extras([], spark.driver)}
-    # where and how the driver runs, under a pod's own names
+        "name": component, "image": spark.image or defaults.image, "imagePullPolicy": spark.image_pull_policy,
+        "command": ["python3", "/opt/chsink/main.py", *args], "resources": resources,
+        **pod_extras(env or [], spark.driver)}
     template = pod_template(spark.driver)
     container["securityContext"] = template.pop("securityContext")
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container],
@@ -303,9 +352,9 @@ def checkpoint_job(namespace: str, name: str, spec: SinkSpec, sink: str, default
         pod["serviceAccountName"] = spark.service_account or defaults.service_account
     if spark.volumes:
         pod["volumes"] = dump(spark.volumes)
-    labels = {**sink_labels(name), "app.kubernetes.io/component": "checkpoint-cleanup"}
+    labels = {**sink_labels(name), "app.kubernetes.io/component": component}
     return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": checkpoint_job_name(name), "namespace": namespace, "labels": labels},
+            "metadata": {"name": job_name, "namespace": namespace, "labels": labels},
             # a try or two for a flaky store; kept an hour for `kubectl logs` should the operator not delete it
-            "spec": {"backoffLimit": 1, "activeDeadlineSeconds": 600, "ttlSecondsAfterFinished": 3600,
+            "spec": {"backoffLimit": 1, "activeDeadlineSeconds": deadline_s, "ttlSecondsAfterFinished": 3600,
                      "template": {"metadata": {"labels": labels}, "spec": pod}}}

@@ -52,6 +52,7 @@ class ConditionType(enum.StrEnum):
     READY = "Ready"  # the job runs and nothing is degraded: `kubectl wait --for=condition=Ready` means it works
     PROGRESSING = "Progressing"  # something is being rolled out: a (re)submission, a rebalance
     DEGRADED = "Degraded"  # a problem, named by the reason
+    VERIFIED = "Verified"  # with spec.verify: the last scheduled verifier run found every settled offset once
 
 
 class Reason(enum.StrEnum):
@@ -60,6 +61,7 @@ class Reason(enum.StrEnum):
     INVALID_SPEC = "InvalidSpec"
     SECRET_UNAVAILABLE = "SecretUnavailable"
     KAFKA_UNAVAILABLE = "KafkaUnavailable"
+    KAFKA_REFUSED = "KafkaRefused"  # reached, but it refused the credentials or the TLS handshake
     CLICKHOUSE_UNAVAILABLE = "ClickHouseUnavailable"
     SPARK_OPERATOR_MISSING = "SparkOperatorMissing"
     SPARK_OPERATOR_TOO_OLD = "SparkOperatorTooOld"
@@ -74,6 +76,17 @@ class Reason(enum.StrEnum):
     EXECUTOR_LOST = "ExecutorLost"
     SHARD_STALLED = "ShardStalled"
     CLEANUP_FAILED = "CleanupFailed"
+    VERIFY_ANOMALY = "VerifyAnomaly"
+    VERIFY_FAILED = "VerifyFailed"
+    VERIFICATION_PENDING = "VerificationPending"
+
+
+class VerifyResult(enum.StrEnum):
+    """status.verification.result: what the last scheduled verifier run found."""
+
+    OK = "OK"  # every settled offset is in ClickHouse or the DLQ exactly once
+    ANOMALY = "ANOMALY"  # an offset is missing or stored twice: findings name them
+    FAILED = "FAILED"  # the run itself did not finish (Kafka or ClickHouse unreachable, its pod failed)
 
 
 class AppState(enum.StrEnum):

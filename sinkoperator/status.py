@@ -24,7 +24,7 @@ from . import kube, metrics
 from .lifecycle import Observed, Problem, conditions, keep_transition_times
 from .model import SinkStatus
 from .rebalance import shard_label
-from .spec import GROUP, PLURAL, STATUS_PLURAL, VERSION, ConditionType, Reason, SinkState
+from .spec import GROUP, PLURAL, STATUS_PLURAL, VERSION, ConditionType, Reason, SinkState, VerifyResult
 
 _BAD_STATES = {SinkState.FAILED, SinkState.INVALID}
 
@@ -41,7 +41,10 @@ def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, gene
     new = new.model_copy(update={"state": state, "observed_generation": generation,
                                  "conditions": keep_transition_times(old.conditions, conds)})
     meta = body.get("metadata") or {}
-    kube.patch_status((GROUP, VERSION), meta["namespace"], PLURAL, meta["name"], new.dump())
+    body_status = new.dump()
+    if old.verification is not None and new.verification is None:  # spec.verify removed: a merge patch keeps
+        body_status["verification"] = None                         # what it is not told to delete
+    kube.patch_status((GROUP, VERSION), meta["namespace"], PLURAL, meta["name"], body_status)
     if progress is not None:
         obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SinkStatus",
                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
@@ -54,6 +57,10 @@ def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, gene
         str(state), bool(ready and ready.true), progress.lag if progress else None,
         progress.topic_lag if progress else {}, progress.last_commit if progress else None,
         str(new.rebalance.phase) if new.rebalance else None), dt.datetime.now(dt.UTC).timestamp())
+    if (v := new.verification) is not None and v.result is not None:
+        metrics.verification(meta["namespace"], meta["name"], v.result is VerifyResult.OK, v.anomalies, v.offsets,
+                             dt.datetime.strptime(v.finished_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+                             .timestamp())
     _events(body, old, new)
     return new
 
@@ -70,6 +77,10 @@ def _events(body: Any, old: SinkStatus, new: SinkStatus) -> None:
     elif not now_.true and was is not None and was.true:
         kopf.info(body, reason="Recovered", message=f"no longer degraded ({was.reason})")
     lost = sorted(set(new.spark_application.lost_executors) - set(old.spark_application.lost_executors))
+    failed = new.spark_application.last_failure
+    meta = body.get("metadata") or {}
+    metrics.job_trouble(meta.get("namespace", ""), meta.get("name", ""),
+                        int(failed is not None and failed != old.spark_application.last_failure), len(lost))
     if lost:  # Spark replaces them: nothing is degraded, but the user should see that it happened
         kopf.warn(body, reason=Reason.EXECUTOR_LOST, message=f"executor pod(s) {', '.join(lost)} lost; Spark starts "
                   "replacements and retries their tasks (the state store keeps delivery exactly-once)")

@@ -1,5 +1,5 @@
 """`python -m sparkapp run|verify|state|delete-checkpoint` — the job's entry point (also the SparkApplication's
-main file, and the operator's checkpoint cleanup Job's).
+main file, and that of the operator's checkpoint cleanup and scheduled verifier Jobs).
 
 Exit codes: 0 ok, 1 verifier anomalies or a runtime failure, 2 configuration error, 3 fenced, 4 data loss,
 5 state that does not match Kafka, 6 unavailable. The error's line also goes to the container's termination
@@ -33,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     ver = sub.add_parser("verify", help="compare Kafka, ClickHouse and the DLQ offset by offset")
     ver.add_argument("--config", required=True)
     ver.add_argument("--json", action="store_true")
+    ver.add_argument("--settled-window", type=float, metavar="SECONDS",
+                     help="check only the offsets settled since the last such run (delivered, and in Kafka longer "
+                     "than this); print one JSON line, also left as the termination message, and exit 0 either "
+                     "way (the operator's scheduled verifier)")
     st = sub.add_parser("state", help="inspect or reset the sink's per-partition state")
     st.add_argument("action", choices=["list", "reset"])
     st.add_argument("--config", required=True)
@@ -73,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 serve(args.metrics_port)
             return SinkJob(cfg, quiet=args.quiet).run(until_idle=args.until_idle, max_seconds=args.max_seconds)
+        if args.cmd == "verify" and args.settled_window is not None:
+            return _verify_settled(cfg, args.settled_window)
         if args.cmd == "verify":
             from .verify import verify
 
@@ -116,6 +122,18 @@ def _delete_checkpoint(args: argparse.Namespace) -> int:
     outcome = delete_with_hadoop(args.location, args.sink, conf)
     print(outcome)
     _terminate_with(outcome)
+    return 0
+
+
+def _verify_settled(cfg: SinkConfig, window_s: float) -> int:
+    """An anomaly is this run's result, not its failure: the Job succeeds and the operator reports it."""
+    import time
+
+    from .verify_settled import verify_settled
+
+    summary = verify_settled(cfg, window_s, time.time()).summary()
+    print(summary)
+    _terminate_with(summary)
     return 0
 
 

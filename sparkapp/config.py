@@ -97,6 +97,9 @@ class SecretRef(Strict):
 
     env: str | None = None
     file: str | None = None
+    envs: list[str] | None = Field(default=None, min_length=1,
+                                   description="several environment variables, their values joined by newlines "
+                                               "(PEM certificates from several Secrets)")
     _bound: str | None = PrivateAttr(default=None)
 
     def bind(self, value: str) -> None:
@@ -105,17 +108,23 @@ class SecretRef(Strict):
 
     @model_validator(mode="after")
     def _one(self) -> SecretRef:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("give exactly one of `env` or `file`")
+        if sum((self.env is not None, self.file is not None, self.envs is not None)) != 1:
+            raise ValueError("give exactly one of `env`, `envs` or `file`")
         return self
+
+    @property
+    def variables(self) -> list[str]:
+        """The environment variables it reads."""
+        return [self.env] if self.env is not None else list(self.envs or ())
 
     def resolve(self, where: str) -> str:
         if self._bound is not None:
             return self._bound
-        if self.env is not None:
-            if self.env not in os.environ:
-                raise ConfigError(f"{where}: environment variable {self.env} is not set")
-            return os.environ[self.env]
+        if self.variables:
+            unset = [v for v in self.variables if v not in os.environ]
+            if unset:
+                raise ConfigError(f"{where}: environment variable(s) {', '.join(unset)} not set")
+            return "\n".join(os.environ[v].strip() for v in self.variables)
         path = Path(self.file or "")
         try:
             return path.read_text().strip()
@@ -138,6 +147,15 @@ class KafkaConfig(Strict):
         default=False, alias="acknowledgeRedelivery",
         description="start a sink without state from the earliest offset although its tables already hold rows "
                     "of its topics (a re-created sink): those are delivered again")
+    credentials_from: str | None = Field(
+        default=None, alias="credentialsFrom",
+        description="where the security options come from, as a refused connection names it (the operator sets it: "
+                    "the ClickHouseSink's fields and Secrets)")
+    consumer_group: str | None = Field(
+        default=None, alias="consumerGroup", min_length=1, max_length=255,
+        description="a Kafka consumer group told, every few seconds, where each partition is delivered to, for the "
+                    "tools that read lag there (KEDA's Kafka scaler, Burrow, kafka-exporter); for monitoring only: "
+                    "never read back, the state store decides where the sink resumes")
 
     @model_validator(mode="after")
     def _topics(self) -> KafkaConfig:

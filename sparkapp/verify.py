@@ -23,7 +23,7 @@ from .delivery.runtime import UNROUTABLE, spec_table
 from .edges.clickhouse import clickhouse_client, load_schema
 from .edges.dlq import read_dead_letters
 from .edges.kafka import consumer, present_offsets, read_range, topic_partitions, watermarks
-from .edges.store import state_store
+from .edges.store import SinkState, StateStore, state_store
 from .formats.schema import SchemaError
 
 
@@ -123,7 +123,15 @@ def _count_offsets(client: Any, database: str, tables: list[str], counts: Offset
             counts[(t, int(p), int(o))] += int(c)
 
 
-def _dlq_offsets(cfg: SinkConfig) -> Counter[tuple[str, int, int]]:
+def sink_tables(cfg: SinkConfig, store: StateStore, state: SinkState) -> list[str]:
+    """The tables the config names, those with state rows, and those older routings of a topic named: what was
+    delivered before a routing change stays there."""
+    earlier = {t for specs in store.routings(cfg.name).values() for s in specs if (t := spec_table(s))}
+    return sorted(set(cfg.clickhouse.tables.values()) | earlier | {r.pk.table for r in state.rows if r.pk.table
+                                                                   and not r.pk.table.startswith("__")})
+
+
+def dlq_offsets(cfg: SinkConfig) -> Counter[tuple[str, int, int]]:
     if not cfg.dlq.topic:
         return Counter()
     parts = topic_partitions(cfg.kafka.model_copy(update={"topics": [cfg.dlq.topic], "topic_pattern": None}))
@@ -134,7 +142,7 @@ def _dlq_offsets(cfg: SinkConfig) -> Counter[tuple[str, int, int]]:
         c.close()
 
 
-def _existing(cfg: SinkConfig, topic: str, partition: int, missing: list[int],
+def held_offsets(cfg: SinkConfig, topic: str, partition: int, missing: list[int],
               rep: PartitionReport | None = None) -> list[int]:
     """Of offsets missing from ClickHouse and the DLQ, those that hold records in Kafka: one read over their
     whole span, so every one is checked, wherever compaction left holes. A change stream's tombstones hold no
@@ -181,13 +189,9 @@ def verify(cfg: SinkConfig) -> Report:
     store = state_store(cfg, client)
     state = store.sink_state(cfg.name)
     rows = state.rows
-    # the tables the config names, those with state rows, and those older routings of a topic named: what was
-    # delivered before a routing change stays there
-    earlier = {t for specs in store.routings(cfg.name).values() for s in specs if (t := spec_table(s))}
-    tables = sorted(set(cfg.clickhouse.tables.values()) | earlier | {r.pk.table for r in rows if r.pk.table
-                                                                     and not r.pk.table.startswith("__")})
+    tables = sink_tables(cfg, store, state)
     ch, notes = _clickhouse_offsets(cfg, tables)
-    dlq = _dlq_offsets(cfg)
+    dlq = dlq_offsets(cfg)
     delivered = state.resume()
     reports = []
     for topic, n in parts.items():
@@ -208,9 +212,9 @@ def verify(cfg: SinkConfig) -> Report:
             absent = [o for o in range(lo, hi) if o not in ch_here and o not in dlq_here]
             tables_at = {r.pk.table: state.table_resume(r) for r in rows if (r.pk.topic, r.pk.partition) == (topic, p)}
             reach = max(tables_at.values(), default=rep.delivered_to)  # the fastest table's position
-            rep.gaps = _existing(cfg, topic, p, [o for o in absent if o < rep.delivered_to], rep)
+            rep.gaps = held_offsets(cfg, topic, p, [o for o in absent if o < rep.delivered_to], rep)
             rep.gaps += (routed := _routed_gaps(cfg, topic, p, [o for o in absent if rep.delivered_to <= o < reach],
                                                 tables_at))[0]
-            rep.pending = routed[1] + len(_existing(cfg, topic, p, [o for o in absent if o >= max(reach, lo)]))
+            rep.pending = routed[1] + len(held_offsets(cfg, topic, p, [o for o in absent if o >= max(reach, lo)]))
             reports.append(rep)
     return Report(cfg.name, reports, tables, notes)

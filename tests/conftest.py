@@ -48,7 +48,7 @@ def worker_scope(nodeid: str) -> str:
 
 # The fixtures whose parts the background build of `make test` makes (hack/setup.sh test: the Kubernetes binaries
 # and the images, about 25 minutes on a fresh machine beside the tests).
-LATE_FIXTURES = frozenset({"kube", "empty_cluster", "node"})
+LATE_FIXTURES = frozenset({"kube", "empty_cluster", "node", "promtool"})
 _LATE_SCOPES = pytest.StashKey[frozenset[str]]()
 
 

@@ -251,3 +251,16 @@ def checkpoint_deletions(tmp_path: Path, delete: Callable[[str, str], str]) -> N
     (ours / "_chsink_sink").write_text("ns.a")
     (ours / "._chsink_sink.crc").write_bytes(b"crc\x00")  # as Hadoop's local file system writes one beside it
     assert delete(f"file://{ours}", "ns.a") == f"deleted checkpoint file://{ours}" and not ours.exists()
+
+
+def strimzi_secrets(kafka: Any, user: str = "user") -> dict[str, dict[str, str]]:
+    """A KafkaUser's Secret and the cluster CA Secret, with the keys Strimzi writes."""
+    return {"my-user": {"ca.crt": kafka.tls_file("clients-ca.pem").read_text(),
+                        "user.crt": kafka.tls_file(f"{user}.crt").read_text(),
+                        "user.key": kafka.tls_file(f"{user}.key").read_text()},
+            "my-cluster-cluster-ca-cert": {"ca.crt": kafka.tls_file("ca.pem").read_text()}}
+
+
+MTLS_SPEC = {"tls": {"trustedCertificates": [{"secretName": "my-cluster-cluster-ca-cert", "certificate": "ca.crt"}]},
+             "authentication": {"type": "tls", "certificateAndKey": {
+                 "secretName": "my-user", "certificate": "user.crt", "key": "user.key"}}}

@@ -198,6 +198,7 @@ class Kafka(ManagedProcess):
         self.port = port or free_port()
         self.controller_port = free_port()
         self.secure_port = free_port()
+        self.mtls_port = free_port()
         v = versions()
         self.jars = cached(f"kafka-{v['KAFKA_VERSION']}-r2")
 
@@ -216,6 +217,18 @@ class Kafka(ManagedProcess):
     @property
     def ca_file(self) -> Path:
         return self.workdir / "tls" / "ca.pem"
+
+    # a third listener, SSL with client certificates required (mutual TLS), as Strimzi's `tls` listeners with
+    # `authentication: tls`: the broker trusts the clients CA, which signs the user's certificate
+    @property
+    def mtls_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.mtls_port}"
+
+    def tls_file(self, name: str) -> Path:
+        """A PEM file of the test bed's TLS material: ca.pem (the cluster CA, which signed the broker's
+        certificate), clients-ca.pem, user.crt and user.key (signed by the clients CA), and rogue.crt and
+        rogue.key (signed by a CA the broker does not trust)."""
+        return self.workdir / "tls" / name
 
     def scram_user(self) -> tuple[str, str]:
         """Creates (again: idempotent) the SCRAM-SHA-512 user through the admin API, which takes any password
@@ -248,6 +261,8 @@ class Kafka(ManagedProcess):
              "-subj", "/CN=127.0.0.1"],
             ["x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "broker.crt", "-days", "7", "-extfile", str(ext)],
+            *self._client_certificate("clients-ca", "user", "chsink-user"),
+            *self._client_certificate("rogue-ca", "rogue", "chsink-user"),
         ):
             res = subprocess.run(["openssl", *cmd], cwd=tls, capture_output=True, text=True, timeout=60)
             if res.returncode != 0:
@@ -255,6 +270,19 @@ class Kafka(ManagedProcess):
         store = tls / "broker.pem"
         store.write_text((tls / "broker.key").read_text() + (tls / "broker.crt").read_text())
         return store
+
+    @staticmethod
+    def _client_certificate(ca: str, name: str, cn: str) -> list[list[str]]:
+        """openssl commands for a CA `ca` and a client certificate `name` (PKCS#8 key, unencrypted, as Strimzi's
+        user.key) it signs."""
+        return [
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.pem",
+             "-days", "7", "-subj", f"/CN={ca}"],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", f"/CN={cn}"],
+            ["x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+             "-out", f"{name}.crt", "-days", "7"],
+        ]
 
     def _classpath(self) -> str:
         return f"{self.jars}/*"
@@ -266,10 +294,13 @@ class Kafka(ManagedProcess):
             "process.roles=broker,controller\nnode.id=1\n"
             f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}\n"
             f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
-            f"SASL_SSL://127.0.0.1:{self.secure_port}\n"
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.secure_port}\n"
+            f"SASL_SSL://127.0.0.1:{self.secure_port},SSL://127.0.0.1:{self.mtls_port}\n"
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.secure_port},"
+            f"SSL://127.0.0.1:{self.mtls_port}\n"
             "controller.listener.names=CONTROLLER\ninter.broker.listener.name=PLAINTEXT\n"
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL\n"
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL\n"
+            "listener.name.ssl.ssl.client.auth=required\nlistener.name.ssl.ssl.truststore.type=PEM\n"
+            f"listener.name.ssl.ssl.truststore.location={self.tls_file('clients-ca.pem')}\n"
             "sasl.enabled.mechanisms=SCRAM-SHA-512\n"
             "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
             "org.apache.kafka.common.security.scram.ScramLoginModule required;\n"

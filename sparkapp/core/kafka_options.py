@@ -17,11 +17,10 @@ LOGIN_MODULES = {
 }
 # librdkafka-only names with no one-to-one Java option: named in the error, with what to give instead
 UNTRANSLATED = {
-    "ssl.certificate.location": "mutual TLS",
-    "ssl.key.location": "mutual TLS",
-    "ssl.key.password": "mutual TLS",
-    "ssl.certificate.pem": "mutual TLS",
-    "ssl.key.pem": "mutual TLS",
+    "ssl.certificate.location": "mutual TLS from files (give ssl.certificate.pem and ssl.key.pem, or a PKCS#12 "
+                                "ssl.keystore.location)",
+    "ssl.key.location": "mutual TLS from files (give ssl.certificate.pem and ssl.key.pem, or a PKCS#12 "
+                        "ssl.keystore.location)",
     "sasl.kerberos.service.name": "Kerberos",
     "sasl.kerberos.keytab": "Kerberos",
     "sasl.kerberos.principal": "Kerberos",
@@ -72,6 +71,15 @@ def java_consumer_options(options: Mapping[str, str], java_given: Collection[str
         out.update({"ssl.truststore.type": "PEM", "ssl.truststore.location": opts.pop("ssl.ca.location")})
     if "ssl.ca.pem" in opts:
         out.update({"ssl.truststore.type": "PEM", "ssl.truststore.certificates": opts.pop("ssl.ca.pem")})
+    cert, key = opts.pop("ssl.certificate.pem", None), opts.pop("ssl.key.pem", None)
+    if (cert is None) != (key is None):
+        raise KafkaOptionError("ssl.certificate.pem and ssl.key.pem: give both for mutual TLS")
+    if cert is not None and key is not None:  # the client's certificate and key, inline: a PEM keystore in Java
+        out.update({"ssl.keystore.type": "PEM", "ssl.keystore.certificate.chain": cert, "ssl.keystore.key": key})
+    if "ssl.keystore.location" in opts:  # librdkafka's keystore is PKCS#12 (a KafkaUser's user.p12)
+        if cert is not None:
+            raise KafkaOptionError("ssl.keystore.location and ssl.certificate.pem: give one client certificate")
+        out["ssl.keystore.type"] = "PKCS12"
     if "ssl.endpoint.identification.algorithm" in opts:  # librdkafka's "none" is Java's empty string
         algo = opts.pop("ssl.endpoint.identification.algorithm")
         out["ssl.endpoint.identification.algorithm"] = "" if algo.lower() == "none" else algo

@@ -39,10 +39,11 @@ def topic_partitions(cfg: KafkaConfig, timeout: float = 15.0) -> dict[str, int]:
         md = client.list_topics(timeout=timeout)
     except Exception as e:
         client.poll(0)  # serves the error callbacks
-        refused = next((x for x in errors if x.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)), None)
+        refused = next((x for x in errors if x.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)
+                        or _tls_alert(x.str())), None)
         if refused is not None:  # reached, but it refused the credentials or the TLS handshake: not transient
-            raise KafkaRefusedError(f"kafka.options / kafka.secretOptions: Kafka at {cfg.bootstrap_servers} "
-                                    f"refused the connection: {refused.str()}") from None
+            raise KafkaRefusedError(f"{cfg.credentials_from or 'kafka.options / kafka.secretOptions'}: Kafka at "
+                                    f"{cfg.bootstrap_servers} refused the connection: {refused.str()}") from None
         raise KafkaUnavailableError(f"cannot reach Kafka at {cfg.bootstrap_servers}: {e}") from None
     if cfg.topic_pattern:
         rx = re.compile(cfg.topic_pattern)
@@ -55,6 +56,12 @@ def topic_partitions(cfg: KafkaConfig, timeout: float = 15.0) -> dict[str, int]:
     if not names:
         raise KafkaUnavailableError(f"no Kafka topic matches pattern {cfg.topic_pattern!r}")
     return {t: len(md.topics[t].partitions) for t in names}
+
+
+def _tls_alert(text: str) -> bool:
+    """A broker that refuses the client's certificate ends the handshake with an alert (TLS 1.3: after the client
+    finished its part), which librdkafka reports as a transport failure."""
+    return "SSL alert" in text or "tls alert" in text.lower()
 
 
 def consumer(cfg: KafkaConfig, group: str = "chsink-reader") -> Any:
@@ -145,3 +152,62 @@ def present_offsets(cfg: KafkaConfig, topic: str, partition: int, rng: OffsetRan
     out: set[int] = set()
     _scan(cfg, topic, partition, rng, timeout, lambda m: out.add(m.offset()))
     return out
+
+
+def offsets_before(cfg: KafkaConfig, pairs: list[tuple[str, int]], ts_ms: int,
+                   timeout: float = 15) -> dict[tuple[str, int], int]:
+    """Per partition, the first offset whose record was written at or after `ts_ms`: every offset below it was in
+    Kafka before then. A partition with nothing written since gives its end (-1 from Kafka means none)."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    if not pairs:
+        return {}
+    c = consumer(cfg)
+    try:
+        try:
+            found = c.offsets_for_times([TopicPartition(t, p, ts_ms) for t, p in pairs], timeout=timeout)
+        except KafkaException as e:
+            raise KafkaUnavailableError(f"cannot look up offsets by time in Kafka at {cfg.bootstrap_servers}: "
+                                        f"{e}") from None
+        out = {}
+        for tp in found:
+            if tp.offset >= 0:
+                out[(tp.topic, tp.partition)] = int(tp.offset)
+            else:
+                out[(tp.topic, tp.partition)] = int(c.get_watermark_offsets(tp, timeout=timeout)[1])
+        return out
+    finally:
+        c.close()
+
+
+# the group coordinator moving or loading: the same request succeeds once it settled
+_COORDINATOR_BUSY = ("COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR")
+
+
+def commit_group_offsets(cfg: KafkaConfig, group: str, positions: dict[tuple[str, int], int],
+                         attempts: int = 5, timeout: float = 15) -> None:
+    """Sets the consumer group's committed offsets (the next offset to read, per partition), as a consumer of the
+    group would commit them, without joining it. Raises on what retrying does not fix."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+
+    todo = {tp: o for tp, o in positions.items() if o >= 0}
+    client = admin(cfg)
+    for attempt in range(attempts):
+        if not todo:
+            return
+        req = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in sorted(todo.items())])
+        try:
+            done = next(iter(client.alter_consumer_group_offsets([req], request_timeout=timeout).values())).result()
+        except KafkaException as e:
+            err = e.args[0] if e.args else e
+            if getattr(err, "name", lambda: "")() in _COORDINATOR_BUSY and attempt + 1 < attempts:
+                time.sleep(1.0)
+                continue
+            raise
+        failed = {(tp.topic, tp.partition): tp.error for tp in done.topic_partitions if tp.error is not None}
+        if any(e.name() not in _COORDINATOR_BUSY for e in failed.values()) or attempt + 1 == attempts:
+            raise RuntimeError(f"consumer group {group}: offsets not committed: "
+                               + ", ".join(f"{t}/{p} {e.str()}" for (t, p), e in sorted(failed.items())))
+        todo = {tp: todo[tp] for tp in failed}
+        if todo:
+            time.sleep(1.0)

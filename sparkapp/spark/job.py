@@ -31,7 +31,7 @@ from ..delivery.writer import Waiting, ranges_from_json, ranges_json
 from ..edges.clickhouse import clickhouse_client, load_schema
 from ..edges.dlq import KafkaDeadLetterSink
 from ..edges.insert import first_line, unsafe_target, worth_retrying
-from ..edges.kafka import all_watermarks, topic_partitions
+from ..edges.kafka import all_watermarks, commit_group_offsets, topic_partitions
 from ..edges.store import Begin, FencedError, PartitionKey, state_store
 from ..formats.registry import make_decoder
 from .batches import deliver_all, executor_fn, guarded, outcome_ddl
@@ -42,6 +42,8 @@ STOP_MARKER = "chsink: stop requested"
 # After this long without a batch written, the ranges waiting for their partitions' next BEFORE get their AFTER:
 # with no new records Spark starts no batch, and a BEFORE left standing reads as a stall to the operator.
 CONFIRM_IDLE_S = 1.0
+# how often kafka.consumerGroup is told where the sink is delivered to (monitoring only: lag tools poll it)
+GROUP_COMMIT_S = 5.0
 
 
 @dataclass
@@ -67,7 +69,8 @@ class BatchWriter:
     def write(self, df: Any, batch_id: int, t0: float) -> None:
         raise NotImplementedError
 
-    def run_aside(self, fn: Callable[[], None]) -> None:
+    def run_aside(self, fn: Callable[[], None]) -> bool:
+        """Whether fn was run (or queued to run)."""
         raise NotImplementedError
 
     def runtime(self) -> Runtime:
@@ -134,11 +137,13 @@ class DriverWriter(BatchWriter):
         self.job.account(rows, batch_id, t0, f" (Spark {read_s:.2f}s, waited {wait_s:.2f}s, wrote "
                                              f"{time.monotonic() - t1:.2f}s)")
 
-    def run_aside(self, fn: Callable[[], None]) -> None:
+    def run_aside(self, fn: Callable[[], None]) -> bool:
         """Behind the batch being written, on the same thread; skipped while one is being written."""
         if self.pending is None or self.pending.done():
             self.drain()
             self.pending = self.pool.submit(fn)
+            return True
+        return False
 
     def failed(self) -> bool:
         return self.pending is not None and self.pending.done() and self.pending.exception() is not None
@@ -206,9 +211,10 @@ class ExecutorWriter(BatchWriter):
         for r in rows:
             self.waiting.update(ranges_from_json(r["waiting"]))
 
-    def run_aside(self, fn: Callable[[], None]) -> None:
+    def run_aside(self, fn: Callable[[], None]) -> bool:
         with self.job.in_batch:
             fn()
+        return True
 
     def confirm_idle(self) -> None:
         self.confirm()
@@ -331,6 +337,19 @@ class SinkJob:
         if done:
             log.info("caught up stalled partition(s) %s (%d rows)", ", ".join(done), sum(r["inserted"] for r in rows))
 
+    def commit_group(self) -> None:
+        """Tells kafka.consumerGroup where each partition is delivered to (what the state store says), for the
+        tools that read lag there. Never read back; a Kafka that does not take it now is told at the next tick."""
+        group = self.cfg.kafka.consumer_group
+        assert group is not None
+        try:
+            positions = self.writer.runtime().store.sink_state(self.cfg.name).resume()
+            commit_group_offsets(self.cfg.kafka, group, positions)
+        except FencedError:
+            raise
+        except Exception as e:
+            log.warning("consumer group %s not told the delivered offsets now: %s", group, first_line(e))
+
     def _record_read_through(self, rows: list[PartitionOutcome]) -> None:
         """After a batch, each of its partitions is read through its last offset: Spark hands a partition's
         records over in batches that follow each other, each table's writer returned for every one of them
@@ -409,7 +428,7 @@ class SinkJob:
         started = time.monotonic()
         last_print = 0.0
         lag_seen = -1
-        last_catch_up = time.monotonic()
+        last_catch_up = last_group = time.monotonic()
         try:
             while query.isActive:
                 query.awaitTermination(1)
@@ -432,6 +451,9 @@ class SinkJob:
                 if self.stalled and now - last_catch_up > self.catch_up_every and not self.stopping.is_set():
                     last_catch_up = now
                     self.writer.run_aside(self.catch_up)
+                if self.cfg.kafka.consumer_group and now - last_group > GROUP_COMMIT_S \
+                        and not self.stopping.is_set() and self.writer.run_aside(self.commit_group):
+                    last_group = now
                 if now - self.progress.last_written > CONFIRM_IDLE_S and not self.stopping.is_set() \
                         and self.in_batch.acquire(blocking=False):  # held: a batch is in hand, it confirms them
                     try:  # no batch follows soon: the ranges waiting for one are confirmed now
@@ -448,6 +470,8 @@ class SinkJob:
         finally:
             signal.signal(signal.SIGTERM, previous)
         self.writer.confirm()  # the batch still being written in the background, then the AFTERs it left waiting
+        if self.cfg.kafka.consumer_group:
+            self.commit_group()  # where this run ends
         if not self.quiet:
             self.print_progress(final=True)
         return 0

@@ -11,7 +11,9 @@ from confluent_kafka import Consumer, Producer
 
 from hack.testbed import free_port
 from hack.testbed.process import REPO
+from sparkapp.config import KafkaConfig
 from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON, HEADER_SINK, HEADER_TOPIC
+from sparkapp.edges.kafka import commit_group_offsets
 from tests.delivery.test_retention import delete_below
 
 from .harness import SinkHarness, drained_sink, event, produce_events
@@ -30,10 +32,22 @@ def dlq_messages(bootstrap: str, topic: str, n: int) -> list:
     return out
 
 
+def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        return {tp.partition: tp.offset for tp in c.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=15)}
+    finally:
+        c.close()
+
+
 def test_bad_input_reaches_the_dlq_and_the_job_keeps_running(tmp_path, kafka, topic, ch_path):
     src, dlq = topic(2), topic(1)
     sink = SinkHarness(tmp_path, kafka, src, dlq, server=ch_path)
     sink.config["format"] = {"maxMessageBytes": 4096}
+    group = f"lag-{src}"
+    sink.config["kafka"]["consumerGroup"] = group  # for lag tools only: never read back
     sink.write_config()
     bad = {
         2: (b'{"id": 1, "name": ', "malformed JSON"),
@@ -46,7 +60,10 @@ def test_bad_input_reaches_the_dlq_and_the_job_keeps_running(tmp_path, kafka, to
         value = bad[i][0] if i in bad else json.dumps(event(i)).encode()
         p.produce(src, value, key=str(i).encode(), partition=i % 2)
     assert p.flush(30) == 0
+    kafka_cfg = KafkaConfig.model_validate({"bootstrapServers": kafka.bootstrap, "topics": [src]})
+    commit_group_offsets(kafka_cfg, group, {(src, 0): 15, (src, 1): 15})  # where the job must not start
     sink.drain()
+    assert committed(kafka.bootstrap, group, src) == {0: 20, 1: 20}, "the group says what was delivered"
 
     dead = dlq_messages(kafka.bootstrap, dlq, len(bad))
     by_offset = {(int(dict(m.headers())[HEADER_PARTITION]), int(dict(m.headers())[HEADER_OFFSET])): m for m in dead}

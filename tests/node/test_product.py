@@ -342,13 +342,17 @@ def _kill_the_holder_mid_change(p: Product) -> None:
 
 
 def _operator_lag(p: Product) -> float:
-    """The sink's lag as the acting operator replica's /metrics says (the standby serves no per-sink series): its
-    pod, named by the Lease, scraped at its IP from the host."""
+    return _operator_metric(p, "chsink_operator_sink_lag")
+
+
+def _operator_metric(p: Product, name: str) -> float:
+    """The sink's series as the acting operator replica's /metrics says (the standby serves no per-sink series):
+    its pod, named by the Lease, scraped at its IP from the host."""
     holder = json.loads(p.node.kubectl("-n", "chsink-system", "get", "lease", "chsink", "-o", "json").stdout)[
         "spec"]["holderIdentity"]
     ip = p.node.kubectl("-n", "chsink-system", "get", "pod", holder, "-o", "jsonpath={.status.podIP}").stdout.strip()
     text = urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=10).read().decode()
-    line = f'chsink_operator_sink_lag{{namespace="{NS}",sink="{SINK}"}} '
+    line = f'{name}{{namespace="{NS}",sink="{NS}.{SINK}"}} '
     return float(next(x for x in text.splitlines() if x.startswith(line))[len(line):])
 
 
@@ -467,8 +471,67 @@ def test_the_product_runs_end_to_end_on_the_node_and_survives_its_faults(product
     assert totals["dead_lettered"] == p.producer.bad, totals
     with p.log.open("a") as f:
         f.write(f"{'; '.join(p.marks)}; run {time.monotonic() - t0:.0f}s; {p.producer.sent} records\n")
+    _the_scheduled_verifier_finds_what_was_damaged_and_changes_nothing(p)
     _a_configuration_error_is_described_and_held(p)
     _a_recreated_sink_is_refused_until_told_where_to_start(p)
+
+
+def _verification(p: Product) -> tuple[dict[str, Any], dict[str, Any]]:
+    status = p.get("chs", SINK).get("status", {})
+    cond = next((c for c in status.get("conditions", []) if c["type"] == "Verified"), {})
+    return status.get("verification", {}), cond
+
+
+def _the_scheduled_verifier_finds_what_was_damaged_and_changes_nothing(p: Product) -> None:
+    """spec.verify after the chaos run: its Job reports OK for every offset delivered. Then records arrive, and of
+    them two rows are deleted from ClickHouse and one is stored twice: the next run names those offsets in the
+    condition, the Event and the metric, and changes nothing. Repaired and spec.verify removed, nothing is left."""
+    t0 = time.monotonic()
+    p.kubectl("patch", "chs", SINK, "--type=merge", "-p", json.dumps({"spec": {"verify": {
+        "schedule": "20s", "window": "0s"}}}))
+    p.wait("Verified", lambda: _verification(p)[1].get("status") == "True", timeout=300)
+    first = _verification(p)[0]
+    delivered = p.delivered()
+    assert first["offsets"] == sum(delivered.values()), (first, delivered)
+    p.marks.append(f"scheduled verifier: {first['summary']} {time.monotonic() - t0:.0f}s after spec.verify")
+    # new records on partition 0, then damage among them: what the last run verified is not looked at again
+    start = delivered[0]
+    producer = Producer({"bootstrap.servers": KAFKA, "enable.idempotence": True})
+    for i in range(200):
+        producer.produce(TOPIC, json.dumps(event(20_000_000 + i)).encode(), key=b"verify", partition=0)
+    assert producer.flush(60) == 0
+    p.catch_up("the records the verifier checks next")
+    gone, twice = [start + 1, start + 2], start + 3
+    cond = f"_topic = '{TOPIC}' AND _partition = 0 AND _offset IN ({gone[0]}, {gone[1]}, {twice})"
+    [shard] = [c for c in (clickhouse_connect.get_client(host=h, port=8123) for h in CLICKHOUSE)
+               if int(str(c.command(f"SELECT count() FROM {DB}.events WHERE {cond}"))) == 3]
+    kept = shard.query(f"SELECT * FROM {DB}.events WHERE {cond}")
+    shard.command(f"ALTER TABLE {DB}.events DELETE WHERE _topic = '{TOPIC}' AND _partition = 0 AND "
+                  f"_offset IN ({gone[0]}, {gone[1]})", settings={"mutations_sync": 2})
+    shard.command(f"INSERT INTO {DB}.events SELECT * FROM {DB}.events WHERE _topic = '{TOPIC}' AND _partition = 0 "
+                  f"AND _offset = {twice}", settings={"insert_deduplicate": 0})
+    damaged = _rows()
+    finding = f"{TOPIC}/0: 1 duplicated offset(s) [{twice}], 2 missing offset(s) {gone}"
+    p.wait("VerifyAnomaly", lambda: _verification(p)[1].get("reason") == "VerifyAnomaly", timeout=300)
+    verification, condition = _verification(p)
+    assert condition["status"] == "False" and finding in condition["message"], condition
+    assert verification["findings"] == [finding], verification
+    warned = [m for r, m in p.sink_events() if r == "VerifyAnomaly"]
+    assert warned and finding in warned[-1], warned
+    assert _operator_metric(p, "chsink_operator_sink_verify_anomalies") == 1
+    column = p.kubectl("get", "chs", SINK).stdout
+    assert f"ANOMALY {finding}"[:60] in column, column
+    assert _rows() == damaged, "the verifier changes no data"
+    # repaired by hand: the three rows as they were
+    shard.command(f"ALTER TABLE {DB}.events DELETE WHERE {cond}", settings={"mutations_sync": 2})
+    shard.insert(f"{DB}.events", kept.result_rows, column_names=list(kept.column_names),
+                 settings={"insert_deduplicate": 0})
+    p.wait("Verified again once repaired", lambda: _verification(p)[1].get("status") == "True", timeout=300)
+    p.kubectl("patch", "chs", SINK, "--type=json", "-p", '[{"op": "remove", "path": "/spec/verify"}]')
+    p.wait("no verification left", lambda: not any(_verification(p)), timeout=120)
+    with p.log.open("a") as f:
+        f.write(f"--- scheduled verifier: {first['summary']}; then {finding}; {time.monotonic() - t0:.0f}s\n"
+                f"{column}\n")
 
 
 def _rows() -> int:

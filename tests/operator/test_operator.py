@@ -139,7 +139,8 @@ def test_printer_columns_and_sinkstatus(sink):
              .get("partitionCount") == 2 and s.get("state") == "Running")
     wait_for("Ready", lambda: condition(sink, "Ready").get("status") == "True")
     out = sink["kube"].kubectl("get", "clickhousesinks", sink["name"]).stdout.splitlines()
-    assert out[0].split() == ["NAME", "READY", "STATE", "JOB", "TOPICS", "SHARDS", "LAG", "REBALANCE", "AGE"]
+    assert out[0].split() == ["NAME", "READY", "STATE", "JOB", "TOPICS", "SHARDS", "LAG", "REBALANCE", "VERIFIED",
+                                "AGE"]
     assert out[1].split()[:7] == [sink["name"], "True", "Running", "RUNNING", sink["topic"], "1", "0"]
     st = sink["kube"].kubectl("get", "sinkstatus", sink["name"]).stdout.splitlines()
     assert st[0].split() == ["NAME", "SINK", "PARTITIONS", "LAG", "STATE", "LAST-COMMIT", "AGE"]
@@ -156,7 +157,7 @@ def test_the_operator_exports_each_sinks_health_labelled_as_the_jobs_metrics_are
 
     committed = time.time()
     running_with_two_partitions_delivered(sink)
-    labels = {"namespace": "default", "sink": sink["name"]}
+    labels = {"namespace": "default", "sink": f"default.{sink['name']}"}
 
     def value(metric: str, **extra: str) -> float | None:
         return REGISTRY.get_sample_value(metric, {**labels, **extra})

@@ -220,7 +220,7 @@ def test_sample_cr_is_accepted_and_defaulted(chsink_crds):
     assert (got["spec"]["state"], got["spec"]["deletionPolicy"], got["spec"]["clickhouse"]["database"]) == \
         ("running", "Retain", "shop")
     header = chsink_crds.kubectl("get", "chs").stdout.splitlines()[0].split()
-    assert header == ["NAME", "READY", "STATE", "JOB", "TOPICS", "SHARDS", "LAG", "REBALANCE", "AGE"]
+    assert header == ["NAME", "READY", "STATE", "JOB", "TOPICS", "SHARDS", "LAG", "REBALANCE", "VERIFIED", "AGE"]
 
 
 @pytest.mark.parametrize(("path", "value", "needle"), [
