@@ -31,7 +31,8 @@ def wide_install(chsink_crds, ch_factory, tmp_path_factory):
                  input=yaml.safe_dump_all([d for d in docs if d["kind"] == "CustomResourceDefinition"]))
     kube.api.wait_crd("clickhousesinks.chsink.io")
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(
-        [d for d in docs if d["kind"] not in ("CustomResourceDefinition", "Deployment", "ServiceMonitor")]))
+        [d for d in docs if d["kind"] not in ("CustomResourceDefinition", "Deployment")
+         and not d["apiVersion"].startswith("monitoring.coreos.com/")]))  # the Prometheus Operator's CRDs: not here
     [dep] = [d for d in docs if d["kind"] == "Deployment"]
     [container] = dep["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("CHSINK_")}
