@@ -54,9 +54,9 @@ def security(k: KafkaSpec) -> tuple[dict[str, str], list[SecretOption]]:
     return options, secrets
 
 
-def credentials_from(k: KafkaSpec) -> str | None:
-    """Where the credentials come from, as a refused connection names it: the fields and their Secrets."""
-    _, secrets = security(k)
+def credentials_from(secrets: list[SecretOption]) -> str | None:
+    """Where the credentials (`security`'s Secret-backed options) come from, as a refused connection names it:
+    the fields and their Secrets."""
     if not secrets:
         return None
     by_field: dict[str, list[str]] = {}

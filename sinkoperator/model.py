@@ -406,3 +406,7 @@ class SinkStatus(BaseModel):
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    def stored(self) -> dict[str, Any]:
+        """The fields as read from the object, without the defaults filled in for the ones it lacks."""
+        return self.model_dump(by_alias=True, mode="json", exclude_none=True, exclude_unset=True)

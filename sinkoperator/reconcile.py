@@ -92,11 +92,16 @@ def _reconcile(body: Any) -> Outcome:
         problem = invalid_spec(e)
         metrics.RECONCILE_ERRORS.labels(problem.reason).inc()
     if spec is not None and problem is None:
+        shards: SinkStatus | None = None
         try:
-            new, changed, hold = _apply(body, spec, old)
+            shards = layout_status(body, spec, old)
+            new, changed, hold = _apply(body, spec, old, shards)
         except Exception as e:  # anything outside the spec: retried
             problem = classify(e)
             metrics.RECONCILE_ERRORS.labels(problem.reason).inc()
+            if shards is not None and old.layout is None:  # decided (first) or restored, and maybe in the
+                new = new.model_copy(update={  # ConfigMap already: kept, so the retry does not "restore" it
+                    "layout": shards.layout, "previous_layout": shards.previous_layout})
         try:
             app = kube.get_app(namespace, object_name(name))
             app_state = AppState.parse(kube.app_state(app)) if app is not None else None
@@ -115,7 +120,8 @@ def _reconcile(body: Any) -> Outcome:
                 "lost_executors": lost, "last_failure": failure})})
             if failure is not None and failure is not recorded and failure.exit_code in jobfailure.HELD \
                     and problem is None:
-                new, changed, hold = _apply(body, spec, new)  # a failure only a change fixes: held at once
+                # a failure only a change fixes: held at once
+                new, changed, hold = _apply(body, spec, new, layout_status(body, spec, new))
             if app_state in FAILED_APP_STATES and hold is None:
                 app_msg += jobfailure.said(failure, ran_with)
             cfg = operator_config(namespace, name, spec, new.dump())
@@ -134,13 +140,14 @@ def _reconcile(body: Any) -> Outcome:
     return Outcome(changed, problem)
 
 
-def _apply(body: Any, spec: SinkSpec, old: SinkStatus) -> tuple[SinkStatus, str, JobFailure | None]:
-    """Brings the layout, ConfigMap and SparkApplication in line with the spec; returns the new status fields,
-    what happened to the SparkApplication, and the failure it is held on (suspended) if any."""
+def _apply(body: Any, spec: SinkSpec, old: SinkStatus, shards: SinkStatus) -> tuple[SinkStatus, str,
+                                                                                   JobFailure | None]:
+    """Brings the ConfigMap and SparkApplication in line with the spec and `shards` (the status with the layout
+    this reconcile decided); returns the new status fields, what happened to the SparkApplication, and the failure
+    it is held on (suspended) if any."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     nonce = (meta.get("annotations") or {}).get(NONCE_ANNOTATION, "")
-    shards = layout_status(body, spec, old)
     draining = shards.rebalance is not None and shards.rebalance.phase is RebalancePhase.DRAINING
     defaults = Defaults.from_env()
     running = spec.state is not DesiredState.STOPPED
@@ -197,7 +204,7 @@ def layout_status(body: Any, spec: SinkSpec, current: SinkStatus) -> SinkStatus:
     BEFORE is re-sent under the layout it was sent under, kept as the previous one)."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    out = current.model_copy()
+    out = current.model_copy(deep=True)  # the plan is changed in place below; `current` stays what was read
     if out.layout is None:
         kept = kept_layout(kube.configmap_annotations(namespace, object_name(name)))
         if not kept:
@@ -205,7 +212,7 @@ def layout_status(body: Any, spec: SinkSpec, current: SinkStatus) -> SinkStatus:
         out.layout, out.previous_layout = kept["layout"], kept.get("previousLayout")
         kopf.info(body, reason="LayoutRestored", message=f"the status had no layout: layout v{out.layout['version']} "
                   f"(as applied) restored from ConfigMap {object_name(name)}")
-    want, rb = spec_layout(spec), current.rebalance
+    want, rb = spec_layout(spec), out.rebalance
     pending = rb is not None and rb.pending
     if same_shards(out.layout, want):
         if rb is not None and pending:

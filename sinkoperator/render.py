@@ -97,7 +97,7 @@ def sink_config(namespace: str, name: str, spec: SinkSpec, status: Mapping[str, 
     for so in auth_secrets:
         names = [_auth_env(so, i) for i in range(len(so.keys))]
         kafka["secretOptions"][so.option] = {"env": names[0]} if len(names) == 1 else {"envs": names}
-    if (where := kafka_auth.credentials_from(k)) is not None:
+    if (where := kafka_auth.credentials_from(auth_secrets)) is not None:
         kafka["credentialsFrom"] = where
     kafka.update({"topics": k.topics} if k.topics else {"topicPattern": k.topic_pattern})
     kafka.update({"startingOffsets": k.starting_offsets, "acknowledgeRedelivery": k.acknowledge_redelivery})

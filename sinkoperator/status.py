@@ -29,8 +29,35 @@ from .spec import GROUP, PLURAL, STATUS_PLURAL, VERSION, ConditionType, Reason, 
 _BAD_STATES = {SinkState.FAILED, SinkState.INVALID}
 
 
+_STAMP = "%Y-%m-%dT%H:%M:%SZ"  # every time the status shows, in one format
+
+
+def stamp(at: dt.datetime) -> str:
+    return at.strftime(_STAMP)
+
+
+def parse_stamp(text: str) -> dt.datetime:
+    return dt.datetime.strptime(text, _STAMP).replace(tzinfo=dt.UTC)
+
+
 def now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return stamp(dt.datetime.now(dt.UTC))
+
+
+def merge_patch(was: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `was` into `now`: what changed, and null for every key `now`
+    leaves out, at any depth. Without the nulls a field the new status drops (a verification whose spec.verify
+    was removed, a new plan's approvedAt) would stick. Only what changed is sent, so a reconcile that read the
+    status before someone cleared it does not write the old status back: the next one restores it, and says so."""
+    out: dict[str, Any] = {key: None for key in was if key not in now}
+    for key, value in now.items():
+        before = was.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            if inner := merge_patch(before, value):
+                out[key] = inner
+        elif key not in was or value != before:
+            out[key] = value
+    return out
 
 
 def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, generation: int,
@@ -41,10 +68,8 @@ def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, gene
     new = new.model_copy(update={"state": state, "observed_generation": generation,
                                  "conditions": keep_transition_times(old.conditions, conds)})
     meta = body.get("metadata") or {}
-    body_status = new.dump()
-    if old.verification is not None and new.verification is None:  # spec.verify removed: a merge patch keeps
-        body_status["verification"] = None                         # what it is not told to delete
-    kube.patch_status((GROUP, VERSION), meta["namespace"], PLURAL, meta["name"], body_status)
+    if patch := merge_patch(old.stored(), new.dump()):
+        kube.patch_status((GROUP, VERSION), meta["namespace"], PLURAL, meta["name"], patch)
     if progress is not None:
         obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SinkStatus",
                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
@@ -59,10 +84,17 @@ def record(body: Any, old: SinkStatus, new: SinkStatus, observed: Observed, gene
         str(new.rebalance.phase) if new.rebalance else None), dt.datetime.now(dt.UTC).timestamp())
     if (v := new.verification) is not None and v.result is not None:
         metrics.verification(meta["namespace"], meta["name"], v.result is VerifyResult.OK, v.anomalies, v.offsets,
-                             dt.datetime.strptime(v.finished_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-                             .timestamp())
+                             parse_stamp(v.finished_at).timestamp())
+    failed = new.spark_application.last_failure
+    metrics.job_trouble(meta["namespace"], meta["name"],
+                        int(failed is not None and failed != old.spark_application.last_failure),
+                        len(_newly_lost(old, new)))
     _events(body, old, new)
     return new
+
+
+def _newly_lost(old: SinkStatus, new: SinkStatus) -> list[str]:
+    return sorted(set(new.spark_application.lost_executors) - set(old.spark_application.lost_executors))
 
 
 def _events(body: Any, old: SinkStatus, new: SinkStatus) -> None:
@@ -76,12 +108,7 @@ def _events(body: Any, old: SinkStatus, new: SinkStatus) -> None:
         kopf.warn(body, reason=now_.reason, message=now_.message)
     elif not now_.true and was is not None and was.true:
         kopf.info(body, reason="Recovered", message=f"no longer degraded ({was.reason})")
-    lost = sorted(set(new.spark_application.lost_executors) - set(old.spark_application.lost_executors))
-    failed = new.spark_application.last_failure
-    meta = body.get("metadata") or {}
-    metrics.job_trouble(meta.get("namespace", ""), meta.get("name", ""),
-                        int(failed is not None and failed != old.spark_application.last_failure), len(lost))
-    if lost:  # Spark replaces them: nothing is degraded, but the user should see that it happened
+    if lost := _newly_lost(old, new):  # Spark replaces them: nothing is degraded, but it should be seen
         kopf.warn(body, reason=Reason.EXECUTOR_LOST, message=f"executor pod(s) {', '.join(lost)} lost; Spark starts "
                   "replacements and retries their tasks (the state store keeps delivery exactly-once)")
     if new.state != old.state:
@@ -136,7 +163,7 @@ def progress(namespace: str, name: str, cfg: SinkConfig, store: StateStore, cr_s
         high = highs.get((r.pk.topic, r.pk.partition), 0)
         partitions.append({"topic": r.pk.topic, "partition": r.pk.partition, "table": r.pk.table,
                            "minOffset": s.range.min, "maxOffset": s.range.max, "phase": s.phase.value,
-                           "epoch": s.epoch, "lastCommit": r.updated_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           "epoch": s.epoch, "lastCommit": stamp(r.updated_at),
                            "highWatermark": high, "lag": max(0, high - state.table_resume(r)), "shard": r.shard})
     last = max((str(p["lastCommit"]) for p in partitions), default=None)
     body: dict[str, Any] = {"sink": cfg.name, "partitionCount": len(highs), "lag": total_lag,

@@ -14,8 +14,7 @@ from . import kube
 from .model import SinkSpec, Verification
 from .render import Defaults, verify_job, verify_job_name
 from .spec import Reason, VerifyResult
-
-_STAMP = "%Y-%m-%dT%H:%M:%SZ"
+from .status import parse_stamp, stamp
 
 
 def observe(body: Any, namespace: str, name: str, spec: SinkSpec, was: Verification | None,
@@ -32,7 +31,7 @@ def observe(body: Any, namespace: str, name: str, spec: SinkSpec, was: Verificat
             obj = verify_job(namespace, name, spec, spec.verify.window_s, Defaults.from_env())
             kopf.adopt(obj, owner=body)  # gone with the sink
             kube.create_job(obj)
-            return current.model_copy(update={"started_at": at.strftime(_STAMP)})
+            return current.model_copy(update={"started_at": stamp(at)})
         return current
     if not run.done:
         return current
@@ -45,13 +44,13 @@ def observe(body: Any, namespace: str, name: str, spec: SinkSpec, was: Verificat
 def _due(v: Verification, every_s: int, at: dt.datetime) -> bool:
     if not v.started_at:
         return True
-    started = dt.datetime.strptime(v.started_at, _STAMP).replace(tzinfo=dt.UTC)
+    started = parse_stamp(v.started_at)
     return (at - started).total_seconds() >= every_s
 
 
 def _result(succeeded: bool, message: str, was: Verification, at: dt.datetime) -> Verification:
     """What a finished run says: its summary line (verify_settled.SettledReport.summary) or why it failed."""
-    base = Verification.model_validate({"startedAt": was.started_at, "finishedAt": at.strftime(_STAMP),
+    base = Verification.model_validate({"startedAt": was.started_at, "finishedAt": stamp(at),
                                         "offsets": was.offsets})
     try:
         found = json.loads(message) if succeeded else None

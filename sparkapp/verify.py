@@ -21,7 +21,7 @@ from .core.routing import record_table
 from .core.state_machine import OffsetRange
 from .delivery.runtime import UNROUTABLE, spec_table
 from .edges.clickhouse import clickhouse_client, load_schema
-from .edges.dlq import read_dead_letters
+from .edges.dlq import DeadLetterRead, dead_letter_entries
 from .edges.kafka import consumer, present_offsets, read_range, topic_partitions, watermarks
 from .edges.store import SinkState, StateStore, state_store
 from .formats.schema import SchemaError
@@ -132,12 +132,19 @@ def sink_tables(cfg: SinkConfig, store: StateStore, state: SinkState) -> list[st
 
 
 def dlq_offsets(cfg: SinkConfig) -> Counter[tuple[str, int, int]]:
+    """The sink's dead letters, the whole topic read."""
+    return dlq_entries(cfg, {}).counts()
+
+
+def dlq_entries(cfg: SinkConfig, starts: dict[int, int]) -> DeadLetterRead:
+    """The sink's dead letters from `starts` (per DLQ partition; 0 where it has none) to the topic's end."""
     if not cfg.dlq.topic:
-        return Counter()
+        return DeadLetterRead([], {})
     parts = topic_partitions(cfg.kafka.model_copy(update={"topics": [cfg.dlq.topic], "topic_pattern": None}))
     c = consumer(cfg.kafka, group=f"chsink-verify-{cfg.name}")
     try:
-        return read_dead_letters(c, cfg.dlq.topic, dict.fromkeys(range(parts[cfg.dlq.topic]), 0), cfg.name)
+        return dead_letter_entries(c, cfg.dlq.topic, {p: starts.get(p, 0) for p in range(parts[cfg.dlq.topic])},
+                                   cfg.name)
     finally:
         c.close()
 

@@ -17,11 +17,12 @@ from typing import Any
 
 from .config import SinkConfig
 from .edges.clickhouse import clickhouse_client, load_schema
+from .edges.dlq import DeadLetterRead
 from .edges.kafka import all_watermarks, offsets_before, topic_partitions
-from .edges.store import state_store
+from .edges.store import quote, state_store
 from .edges.verified import Verified, VerifiedStore
 from .formats.schema import SchemaError
-from .verify import dlq_offsets, held_offsets, sink_tables
+from .verify import dlq_entries, held_offsets, sink_tables
 
 CHUNK = 500_000  # offsets per count query: one partition's settled range is checked in pieces of this size
 SUMMARY_LIMIT = 4000  # bytes: the pod's termination message, where the operator reads the result, holds 4096
@@ -80,7 +81,10 @@ def verify_settled(cfg: SinkConfig, window_s: float, now_s: float) -> SettledRep
     settled = offsets_before(cfg.kafka, pairs, int((now_s - window_s) * 1000))
     delivered = state.resume()
     counter = _Counter(cfg, sink_tables(cfg, store, state))
-    dlq = dlq_offsets(cfg)
+    letters = dlq_entries(cfg, {p: v.verified_to for (t, p), v in done.items() if t == cfg.dlq.topic})
+    dlq: dict[tuple[str, int], Counter[int]] = {}
+    for _, _, (t, p, o) in letters.entries:
+        dlq.setdefault((t, p), Counter())[o] += 1
     report = SettledReport(cfg.name, notes=counter.notes)
     moved: dict[tuple[str, int], Verified] = {}
     for tp in pairs:
@@ -90,8 +94,7 @@ def verify_settled(cfg: SinkConfig, window_s: float, now_s: float) -> SettledRep
         at, checked = begin, 0
         while at < end:
             upto = min(at + CHUNK, end)
-            finding = counter.check(tp, at, upto, {o: c for (t, q, o), c in dlq.items() if (t, q) == tp
-                                                   and at <= o < upto})
+            finding = counter.check(tp, at, upto, {o: c for o, c in dlq.get(tp, {}).items() if at <= o < upto})
             if finding is not None:
                 report.findings.append(finding)
                 break
@@ -101,8 +104,25 @@ def verify_settled(cfg: SinkConfig, window_s: float, now_s: float) -> SettledRep
         report.offsets += was.offsets + checked
         if at != was.verified_to:
             moved[tp] = Verified(at, was.offsets + checked)
+    moved.update(_dlq_marks(cfg, letters, {tp: moved.get(tp, done.get(tp, Verified(0, 0))).verified_to
+                                           for tp in pairs}, done))
     verified.record(cfg.name, moved)
     return report
+
+
+def _dlq_marks(cfg: SinkConfig, letters: DeadLetterRead, verified_to: dict[tuple[str, int], int],
+               done: dict[tuple[str, int], Verified]) -> dict[tuple[str, int], Verified]:
+    """Where the next run reads each DLQ partition from: its first letter of an offset not verified yet, else the
+    end this run read to. Kept as rows of the DLQ topic, so a run reads only the letters it may need. A letter of
+    a topic the sink no longer reads holds nothing back: no run will verify its offsets."""
+    if not (topic := cfg.dlq.topic):
+        return {}
+    marks = dict(letters.ends)
+    for q, at, key in letters.entries:
+        if (to := verified_to.get(key[:2])) is not None and key[2] >= to:
+            marks[q] = min(marks[q], at)
+    return {(topic, q): Verified(mark, 0) for q, mark in marks.items()
+            if done.get((topic, q), Verified(0, 0)).verified_to != mark}
 
 
 class _Counter:
@@ -127,8 +147,8 @@ class _Counter:
                 self.targets.append((client, schema.fqn))
 
     def _where(self, tp: tuple[str, int], lo: int, hi: int) -> str:
-        topic = "'" + tp[0].replace("\\", "\\\\").replace("'", "\\'") + "'"
-        return f"_topic = {topic} AND _partition = {int(tp[1])} AND _offset >= {int(lo)} AND _offset < {int(hi)}"
+        return (f"_topic = {quote(tp[0])} AND _partition = {int(tp[1])} AND _offset >= {int(lo)} "
+                f"AND _offset < {int(hi)}")
 
     def check(self, tp: tuple[str, int], lo: int, hi: int, dlq: dict[int, int]) -> Finding | None:
         found = []

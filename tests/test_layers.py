@@ -111,3 +111,54 @@ def test_the_contract_catches_a_core_module_doing_io_or_reaching_up(tmp_path: Pa
     assert any("the core does no IO" in v for v in found)
     assert any("sparkapp.edges" in v and "may import only" in v for v in found)
     assert any("only sparkapp.spark may import pyspark" in v for v in found)
+
+
+def cycles(modules: list[tuple[str, Path]]) -> list[list[str]]:
+    """The circles of imports among `modules` (lazy ones included), each as its members: the strongly connected
+    components of more than one module (Tarjan)."""
+    names = {m for m, _ in modules}
+    graph = {m: sorted({i for _, i in _imports(m, p) if i in names and i != m}) for m, p in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in graph[m]:
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            members = []
+            while (n := stack.pop()) != m:
+                members.append(n)
+            if members:
+                out.append(sorted([m, *members]))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_module_of_the_product_imports_one_that_imports_it_back() -> None:
+    """A batch's path reads top to bottom inside a layer too: a circle (even through a lazy import) means two
+    modules each decide part of the other's work."""
+    assert cycles([(m, p) for m, p in MODULES if m.split(".")[0] in ("sparkapp", "sinkoperator")]) == []
+
+
+def test_the_circle_check_finds_a_lazy_circle() -> None:
+    a, b = (REPO / "sparkapp" / "edges" / f"_circle_probe_{n}.py" for n in "ab")
+    a.write_text("from . import _circle_probe_b\n")
+    b.write_text("def f():\n    from ._circle_probe_a import g\n")
+    try:
+        found = cycles([("sparkapp.edges._circle_probe_a", a), ("sparkapp.edges._circle_probe_b", b),
+                        ("sparkapp.edges.errors", REPO / "sparkapp" / "edges" / "errors.py")])
+    finally:
+        a.unlink()
+        b.unlink()
+    assert found == [["sparkapp.edges._circle_probe_a", "sparkapp.edges._circle_probe_b"]]

@@ -7,10 +7,14 @@ import json
 import time
 from typing import Any
 
+from confluent_kafka import Producer
+
 from sparkapp.config import SinkConfig
 from sparkapp.core.state_machine import OffsetRange
+from sparkapp.edges.dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_SINK, HEADER_TOPIC
 from sparkapp.edges.kafka import read_range
 from sparkapp.edges.store import PartitionKey, state_store
+from sparkapp.edges.verified import VerifiedStore
 from sparkapp.verify_settled import SUMMARY_LIMIT, Finding, SettledReport, verify_settled
 
 from .test_verify import deliver_all_but, produce_ids, sink
@@ -75,6 +79,53 @@ def test_a_deleted_row_beside_a_duplicate_is_found_reported_again_and_nothing_is
     later = verify_settled(cfg, window_s=0, now_s=time.time() + 1)
     assert [f.where for f in later.findings] == [f.where for f in report.findings], "reported until repaired"
     assert rows(client) == before, "the verifier changes no data"
+
+
+def store_rows(client: Any, cfg: SinkConfig, src: str, first: int, last: int, lost: set[int]) -> None:
+    """Partition 0's offsets first..last stored but for `lost`, and its state row moved over them."""
+    client.insert("ev", [[o, src, 0, o] for o in range(first, last + 1) if o not in lost],
+                  column_names=["id", "_topic", "_partition", "_offset"])
+    store = state_store(cfg, client)
+    epoch = store.acquire_epoch(cfg.name)
+    pk, rng = PartitionKey(cfg.name, src, 0), OffsetRange(first, last)
+    store.begin(pk, rng, epoch)
+    store.commit(pk, rng, epoch)
+
+
+def dead_letter(kafka: Any, dlq: str, sink_name: str, src: str, offset: int) -> None:
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    p.produce(dlq, b"{}", partition=0, headers=[(HEADER_SINK, sink_name.encode()), (HEADER_TOPIC, src.encode()),
+                                                (HEADER_PARTITION, b"0"), (HEADER_OFFSET, str(offset).encode())])
+    assert p.flush(30) == 0
+
+
+def test_the_dead_letter_topic_is_read_from_the_first_letter_not_yet_verified(ch_db, ch_dsn, chdb_config, kafka,
+                                                                             topic):
+    """Each run reads the DLQ from where the last left it, not from the start; a letter of an offset not settled
+    yet (the writer dead-letters before it records the block) is read again by the run that verifies it."""
+    client, db = ch_db
+    src, dlq = topic(1), topic(1)
+    produce_ids(kafka, src, 500)
+    base = sink(client, db, ch_dsn, chdb_config, kafka, src)
+    cfg = base.model_copy(update={"dlq": base.dlq.model_copy(update={"topic": dlq})})
+    state_store(cfg, client).ensure_schema()
+    store_rows(client, cfg, src, 0, 299, {5, 250})
+    for name, offset in ((cfg.name, 5), ("another-sink", 7), (cfg.name, 250)):  # DLQ offsets 0, 1, 2
+        dead_letter(kafka, dlq, name, src, offset)
+
+    def mark() -> int:
+        return VerifiedStore(state_store(cfg, client)).positions(cfg.name)[(dlq, 0)].verified_to
+
+    first = verify_settled(cfg, window_s=0, now_s=time.time() + 1)
+    assert (first.ok, first.checked) == (True, 300) and mark() == 3, first.findings
+    dead_letter(kafka, dlq, cfg.name, src, 420)  # DLQ offset 3: dead-lettered, its block not recorded yet
+    store_rows(client, cfg, src, 300, 410, set())
+    second = verify_settled(cfg, window_s=0, now_s=time.time() + 1)
+    assert (second.ok, second.checked) == (True, 111) and mark() == 3, "offset 420's letter is still needed"
+    store_rows(client, cfg, src, 411, 499, {420})
+    third = verify_settled(cfg, window_s=0, now_s=time.time() + 1)
+    assert (third.ok, third.checked, third.offsets) == (True, 89, 500), third.findings
+    assert mark() == 4
 
 
 def test_the_summary_fits_a_termination_message_however_many_findings():

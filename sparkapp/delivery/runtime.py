@@ -17,9 +17,9 @@ from ..config import ClickHouseConfig, ConfigError, SinkConfig
 from ..core.records import Message
 from ..core.routing import key_type_ok, record_table
 from ..core.state_machine import IrrecoverableStateError, OffsetRange, Phase
-from ..edges.clickhouse import clickhouse_client, load_schema, redact_dsn
+from ..edges.clickhouse import clickhouse_client, load_schema, redact_dsn, unsafe_target
 from ..edges.dlq import KafkaDeadLetterSink
-from ..edges.insert import Inserter, unsafe_target
+from ..edges.insert import Inserter
 from ..edges.kafka import read_range
 from ..edges.shards import Health, ShardSet, ShardUnavailableError
 from ..edges.store import READ_THROUGH, PartitionKey, SinkState, StateRow, StateStore, state_store

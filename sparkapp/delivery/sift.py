@@ -20,7 +20,8 @@ from typing import Any
 
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import OffsetRange
-from ..edges.insert import InsertError, first_line
+from ..edges.errors import first_line
+from ..edges.insert import InsertError
 from ..formats.jsoneachrow import Guard, null_indexes
 from ..formats.rows import Decoder, decode_batch
 

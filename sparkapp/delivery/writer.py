@@ -20,7 +20,8 @@ from typing import Any
 from ..core.blocks import Block, LineBlock, build_blocks, dedup_token, pick, split_block, whole
 from ..core.records import DeadLetter, Message
 from ..core.state_machine import MissingPolicy, OffsetRange, Phase, Plan, StoredState, plan_batch
-from ..edges.insert import InsertError, first_line
+from ..edges.errors import first_line
+from ..edges.insert import InsertError
 from ..edges.shards import ShardUnavailableError
 from ..edges.store import Begin, DlqPhase, FencedError, PartitionKey, StateConflict, StateRow, StateStore
 from ..formats.jsoneachrow import LineBatch, guard

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config import ClickHouseConfig, ConfigError, UnavailableError
 from ..formats.schema import AtInsert, SchemaError, TableSchema, build_schema
+from .errors import first_line, is_transient
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -60,8 +61,6 @@ def clickhouse_client(cfg: ClickHouseConfig, endpoint: str | None = None) -> Cli
     except ConfigError:
         raise
     except Exception as e:
-        from .insert import first_line, is_transient
-
         first = first_line(e)
         kind: type[Exception] = EndpointUnreachableError if is_transient(e) else ClickHouseRejectedError
         raise kind(f"cannot reach ClickHouse endpoint {redact_dsn(dsn)}: {first}") from None
@@ -170,3 +169,33 @@ def rows_of_topic(client: Client, database: str, table: str, topic: str) -> int:
     where = " WHERE _topic = {topic:String}" if has_topic else ""
     name = f"`{database.replace('`', '``')}`.`{table.replace('`', '``')}`"
     return int(client.query(f"SELECT count() FROM {name}{where}", parameters={"topic": topic}).result_rows[0][0])
+
+
+def retry_safety(schema: TableSchema, engine: str, dedup_window: int,
+                 views: Sequence[tuple[str, str, int]] = ()) -> str | None:
+    """Why a retried insert into this table (or the materialized views it feeds: `views` gives each view
+    target's database, table and deduplication window) could not be told from a first one; None when it can."""
+    if not engine.endswith("MergeTree"):
+        return (f"table {schema.fqn} has engine {engine}: chsink writes MergeTree-family tables, whose inserts it can "
+                "deduplicate and count (for a Distributed table, write to its local tables as shards)")
+    if dedup_window == 0:
+        what = ("a retried insert (a lost reply, a crash) could not be recognised as a duplicate, and a stale writer"
+                if not schema.has_offset_columns else "a stale writer")
+        return (f"table {schema.fqn} has a deduplication window of 0: {what} (a paused executor, a Spark task whose "
+                "retry already ran) could insert a block after the run that took over had re-sent it, and only the "
+                "table's window can drop that late copy. Set non_replicated_deduplication_window (e.g. 1000) on the "
+                "table")
+    for db, target, window in views:
+        if window == 0:
+            return (f"materialized view target `{db}`.`{target}` of {schema.fqn} has a deduplication window of 0: a "
+                    "retried insert would reach it twice. Set non_replicated_deduplication_window (e.g. 1000) on it")
+    return None
+
+
+def unsafe_target(client: Client, schema: TableSchema, exactly_once: bool = True) -> str | None:
+    """retry_safety of a table as ClickHouse describes it (engine, window, the views it feeds); None for
+    at-least-once sinks, which promise nothing about retries."""
+    if not exactly_once:
+        return None
+    views = [(db, t, dedup_window(client, db, t)[1]) for db, t in view_targets(client, schema.database, schema.table)]
+    return retry_safety(schema, *dedup_window(client, schema.database, schema.table), views)

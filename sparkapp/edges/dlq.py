@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import READ_COMMITTED
@@ -40,18 +41,30 @@ def dead_letter_headers(sink: str, d: DeadLetter) -> list[tuple[str, str | bytes
 DeadKey = tuple[str, int, int]  # source topic, partition, offset
 
 
-def read_dead_letters(consumer: Any, topic: str, starts: dict[int, int], sink: str,
-                      timeout: float = 60.0) -> Counter[DeadKey]:
-    """Counts the dead letters of one sink in `topic` from the given per-partition offsets to the current end."""
+@dataclass(frozen=True)
+class DeadLetterRead:
+    """One sink's dead letters read from a topic: (DLQ partition, DLQ offset, source key) each, and the end of
+    each partition read, where the next read of what arrived since begins."""
+
+    entries: list[tuple[int, int, DeadKey]]
+    ends: dict[int, int]
+
+    def counts(self) -> Counter[DeadKey]:
+        return Counter(key for _, _, key in self.entries)
+
+
+def dead_letter_entries(consumer: Any, topic: str, starts: dict[int, int], sink: str,
+                        timeout: float = 60.0) -> DeadLetterRead:
+    """One sink's dead letters in `topic`, from the given per-partition offsets to the current end."""
     import time
 
     from confluent_kafka import KafkaError, TopicPartition
 
-    counts: Counter[DeadKey] = Counter()
+    entries: list[tuple[int, int, DeadKey]] = []
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1] for p in starts}
     todo = {p: end for p, end in ends.items() if end > starts[p]}
     if not todo:
-        return counts
+        return DeadLetterRead(entries, ends)
     consumer.assign([TopicPartition(topic, p, starts[p]) for p in todo])
     deadline = time.monotonic() + timeout
     while todo:
@@ -67,10 +80,17 @@ def read_dead_letters(consumer: Any, topic: str, starts: dict[int, int], sink: s
             raise RuntimeError(f"dead-letter topic {topic}: {m.error()}")
         h = dict(m.headers() or [])
         if h.get(HEADER_SINK, b"").decode() == sink:
-            counts[(h[HEADER_TOPIC].decode(), int(h[HEADER_PARTITION]), int(h[HEADER_OFFSET]))] += 1
+            entries.append((m.partition(), m.offset(),
+                            (h[HEADER_TOPIC].decode(), int(h[HEADER_PARTITION]), int(h[HEADER_OFFSET]))))
         if m.offset() + 1 >= todo.get(m.partition(), 0):
             todo.pop(m.partition(), None)
-    return counts
+    return DeadLetterRead(entries, ends)
+
+
+def read_dead_letters(consumer: Any, topic: str, starts: dict[int, int], sink: str,
+                      timeout: float = 60.0) -> Counter[DeadKey]:
+    """Counts the dead letters of one sink in `topic` from the given per-partition offsets to the current end."""
+    return dead_letter_entries(consumer, topic, starts, sink, timeout).counts()
 
 
 class KafkaDeadLetterSink:

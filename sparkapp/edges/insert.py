@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import codecs
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.blocks import Block, LineBlock, payload, whole
 from ..core.state_machine import OffsetRange
 from ..formats.schema import AtInsert, TableSchema
+from .errors import first_line, is_transient
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -34,8 +34,6 @@ log = logging.getLogger(__name__)
 # ClickHouse error codes worth retrying: network and timeouts, Keeper hiccups, too many parts or queries,
 # memory pressure, read-only replicas, and a shard's table or database missing (detached, being
 # re-created): the shard's partitions wait for it. Any other code is the data's or the config's fault.
-_TRANSIENT_CODES = {3, 60, 81, 159, 164, 202, 203, 209, 210, 241, 242, 252, 279, 285, 319, 425, 999, 1000, 1002}
-_CODE = re.compile(r"(?:Code: |error code )(\d+)")
 # Settings no sink config may change: synchronous, deduplicated inserts, deduplicated in materialized views too
 PINNED = {"async_insert": 0, "insert_deduplicate": 1, "deduplicate_blocks_in_dependent_materialized_views": 1}
 
@@ -89,71 +87,6 @@ class InsertError(RuntimeError):
     def transient(self) -> bool:
         """Whether it failed for a reason that passes (an outage), not for what it carried."""
         return isinstance(self.__cause__, Exception) and is_transient(self.__cause__)
-
-
-def error_code(e: BaseException) -> int | None:
-    """The ClickHouse error code of an exception (its first `Code: N`), None when it carries none."""
-    code = getattr(e, "code", None)
-    if isinstance(code, int):
-        return code
-    m = _CODE.search(str(e))
-    return int(m.group(1)) if m else None
-
-
-def first_line(e: BaseException) -> str:
-    """An error's first line, bounded: what a log line, a shard's down reason or a status shows."""
-    text = str(e)
-    return text.splitlines()[0][:300] if text else type(e).__name__
-
-
-def worth_retrying(e: BaseException) -> bool:
-    """A system that did not answer now (by its type, or by a transient ClickHouse or network error): try later."""
-    from ..config import UnavailableError
-
-    return isinstance(e, UnavailableError) or is_transient(e)
-
-
-def is_transient(e: BaseException) -> bool:
-    """Decided by the ClickHouse error code, or by the exception type for errors without one (the network):
-    never by words, since a rejected record's own text is quoted in its error."""
-    code = error_code(e)
-    if code is not None:
-        return code in _TRANSIENT_CODES
-    from clickhouse_connect.driver.exceptions import OperationalError
-
-    return isinstance(e, OperationalError | ConnectionError | TimeoutError | OSError)
-
-
-def retry_safety(schema: TableSchema, engine: str, dedup_window: int,
-                 views: Sequence[tuple[str, str, int]] = ()) -> str | None:
-    """Why a retried insert into this table (or the materialized views it feeds: `views` gives each view
-    target's database, table and deduplication window) could not be told from a first one; None when it can."""
-    if not engine.endswith("MergeTree"):
-        return (f"table {schema.fqn} has engine {engine}: chsink writes MergeTree-family tables, whose inserts it can "
-                "deduplicate and count (for a Distributed table, write to its local tables as shards)")
-    if dedup_window == 0:
-        what = ("a retried insert (a lost reply, a crash) could not be recognised as a duplicate, and a stale writer"
-                if not schema.has_offset_columns else "a stale writer")
-        return (f"table {schema.fqn} has a deduplication window of 0: {what} (a paused executor, a Spark task whose "
-                "retry already ran) could insert a block after the run that took over had re-sent it, and only the "
-                "table's window can drop that late copy. Set non_replicated_deduplication_window (e.g. 1000) on the "
-                "table")
-    for db, target, window in views:
-        if window == 0:
-            return (f"materialized view target `{db}`.`{target}` of {schema.fqn} has a deduplication window of 0: a "
-                    "retried insert would reach it twice. Set non_replicated_deduplication_window (e.g. 1000) on it")
-    return None
-
-
-def unsafe_target(client: Client, schema: TableSchema, exactly_once: bool = True) -> str | None:
-    """retry_safety of a table as ClickHouse describes it (engine, window, the views it feeds); None for
-    at-least-once sinks, which promise nothing about retries."""
-    if not exactly_once:
-        return None
-    from .clickhouse import dedup_window, view_targets
-
-    views = [(db, t, dedup_window(client, db, t)[1]) for db, t in view_targets(client, schema.database, schema.table)]
-    return retry_safety(schema, *dedup_window(client, schema.database, schema.table), views)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.routing import Layout
-from .insert import Inserter, first_line, worth_retrying
+from .errors import first_line, worth_retrying
+from .insert import Inserter
 
 log = logging.getLogger(__name__)
 

@@ -222,7 +222,7 @@ class StateStore:
         owner = owner or uuid.uuid4().hex
         key = self._epoch_key(sink)
         for _ in range(attempts):
-            rows = self._select(f"key = {_q(key)}")
+            rows = self._select(f"key = {quote(key)}")
             if not rows:
                 try:
                     self._insert([self._row(key, "epoch", sink=sink, epoch=1, owner=owner)], strict=True)
@@ -232,34 +232,34 @@ class StateStore:
                     continue
             else:
                 current = int(rows[0][8])
-                self._update(f"epoch = {current + 1}, owner = {_q(owner)}, updated_at = now64(3)",
-                             f"key = {_q(key)} AND epoch = {current}")
-            rows = self._select(f"key = {_q(key)}")
+                self._update(f"epoch = {current + 1}, owner = {quote(owner)}, updated_at = now64(3)",
+                             f"key = {quote(key)} AND epoch = {current}")
+            rows = self._select(f"key = {quote(key)}")
             if rows and rows[0][9] == owner:
                 return int(rows[0][8])
             time.sleep(0.05)
         raise StateStoreError(f"could not acquire an epoch for sink {sink} after {attempts} attempts (contention)")
 
     def current_epoch(self, sink: str) -> int:
-        rows = self._select(f"key = {_q(self._epoch_key(sink))}")
+        rows = self._select(f"key = {quote(self._epoch_key(sink))}")
         return int(rows[0][8]) if rows else 0
 
     # ---- partition state ----------------------------------------------------------------------
 
     def get(self, pk: PartitionKey) -> StateRow | None:
-        rows = self._select(f"key = {_q(pk.key)}")
+        rows = self._select(f"key = {quote(pk.key)}")
         return self._state_row(rows[0]) if rows else None
 
     def get_many(self, pks: Iterable[PartitionKey]) -> dict[PartitionKey, StateRow]:
         keys = {pk.key: pk for pk in pks}
         if not keys:
             return {}
-        rows = self._select(f"key IN ({', '.join(map(_q, keys))})")
+        rows = self._select(f"key IN ({', '.join(map(quote, keys))})")
         return {keys[r[0]]: self._state_row(r) for r in rows}
 
     def sink_state(self, sink: str) -> SinkState:
         """The sink's table rows and read-through positions, in one read."""
-        rows = sorted((self._state_row(r) for r in self._select(f"kind = 'partition' AND sink = {_q(sink)}")),
+        rows = sorted((self._state_row(r) for r in self._select(f"kind = 'partition' AND sink = {quote(sink)}")),
                       key=lambda s: s.pk)
         def at(target: str) -> dict[tuple[str, int], int]:
             return {(r.pk.topic, r.pk.partition): r.state.resume_offset for r in rows if r.pk.table == target}
@@ -287,7 +287,7 @@ class StateStore:
             return
         keys = {PartitionKey(sink, t, p, target).key: (t, p, at) for (t, p), at in positions.items() if at >= least}
         epoch_key = self._epoch_key(sink)
-        rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(_q, [*keys, epoch_key]))})")}
+        rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(quote, [*keys, epoch_key]))})")}
         _fence(sink, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
         created = [self._row(k, "partition", sink=sink, topic=t, partition=p, target=target,
                              phase=Phase.AFTER.value, max_offset=at - 1, epoch=epoch)
@@ -301,9 +301,9 @@ class StateStore:
         old = [k for k in keys if k in rows]
         if old:
             last = ", ".join(f"toInt64({keys[k][2] - 1})" for k in old)
-            values = f"transform(key, [{', '.join(map(_q, old))}], [{last}], max_offset)"
+            values = f"transform(key, [{', '.join(map(quote, old))}], [{last}], max_offset)"
             self._update(f"max_offset = greatest(max_offset, {values}), epoch = {epoch}, updated_at = now64(3)",
-                         f"key IN ({', '.join(map(_q, old))}) AND epoch <= {epoch}")
+                         f"key IN ({', '.join(map(quote, old))}) AND epoch <= {epoch}")
 
     def begin(self, pk: PartitionKey, rng: OffsetRange, epoch: int, layout: int = 0, shard: int = 0,
               block_offsets: int = 0, expected: StoredState | None = ANY) -> None:
@@ -316,7 +316,7 @@ class StateStore:
         being overwritten (its range could then never be re-sent in the windows it was cut in) or moving the
         partition back."""
         epoch_key = self._epoch_key(pk.sink)
-        rows = {r[0]: r for r in self._select(f"key IN ({_q(pk.key)}, {_q(epoch_key)})")}  # one round trip
+        rows = {r[0]: r for r in self._select(f"key IN ({quote(pk.key)}, {quote(epoch_key)})")}  # one round trip
         _fence(pk, epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
         existing = self._state_row(rows[pk.key]) if pk.key in rows else None
         if expected is not ANY and (existing.state if existing else None) != expected:
@@ -343,7 +343,7 @@ class StateStore:
         assert len(sinks) == 1, f"one sink's partitions, got {sorted(sinks)}"
         epoch_key = self._epoch_key(next(iter(sinks)))
         keys = {pk.key: pk for pk in pks}
-        rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(_q, [*keys, epoch_key]))})")}
+        rows = {r[0]: r for r in self._select(f"key IN ({', '.join(map(quote, [*keys, epoch_key]))})")}
         _fence(pks[0], epoch, int(rows[epoch_key][8]) if epoch_key in rows else 0, "sink taken over")
         return {keys[k]: self._state_row(r) for k, r in rows.items() if k in keys}
 
@@ -417,10 +417,10 @@ class StateStore:
         checks that none is left SENDING)."""
         if not items:
             return
-        ranges = ", ".join(f"({_q(it.pk.key)}, {it.rng.min}, {it.rng.max})" for it in items)
+        ranges = ", ".join(f"({quote(it.pk.key)}, {it.rng.min}, {it.rng.max})" for it in items)
         done = " dlq = if(dlq = 'SENDING', 'DONE', dlq)," if any(it.dlq_mark is not None for it in items) else ""
         self._update(f"phase = 'AFTER',{done} updated_at = now64(3)",
-                     f"key IN ({', '.join(_q(it.pk.key) for it in items)}) AND epoch = {epoch} AND "
+                     f"key IN ({', '.join(quote(it.pk.key) for it in items)}) AND epoch = {epoch} AND "
                      f"(key, min_offset, max_offset) IN ({ranges})")
         got = self._read_back_many([(it.pk, it.rng, Phase.AFTER, it.layout) for it in items], epoch, moved)
         if sending := sorted(str(pk) for pk, r in got.items() if r.dlq is DlqPhase.SENDING and pk not in (moved or {})):
@@ -431,7 +431,7 @@ class StateStore:
         """Records AFTER over the range `begin` recorded (dead-letter fields kept): update, then read back. Only a
         range this epoch recorded is confirmed (as `commit_many`)."""
         self._update("phase = 'AFTER', updated_at = now64(3)",
-                     f"key = {_q(pk.key)} AND epoch = {epoch} AND min_offset = {rng.min} AND max_offset = {rng.max}")
+                     f"key = {quote(pk.key)} AND epoch = {epoch} AND min_offset = {rng.min} AND max_offset = {rng.max}")
         self._read_back(pk, rng, Phase.AFTER, epoch, layout)
 
     def load(self, pk: PartitionKey, epoch: int) -> StateRow | None:
@@ -453,17 +453,17 @@ class StateStore:
         of the same range (mark None: DONE -> SENDING) keeps the first mark, so a read-back sees all."""
         if mark is None:
             self._update("dlq = 'SENDING', updated_at = now64(3)",
-                         f"key = {_q(pk.key)} AND epoch <= {epoch} AND dlq = 'DONE'")
+                         f"key = {quote(pk.key)} AND epoch <= {epoch} AND dlq = 'DONE'")
         else:
-            self._update(f"dlq = 'SENDING', dlq_mark = {_q(mark)}, updated_at = now64(3)",
-                         f"key = {_q(pk.key)} AND epoch <= {epoch} AND dlq = 'NONE'")
+            self._update(f"dlq = 'SENDING', dlq_mark = {quote(mark)}, updated_at = now64(3)",
+                         f"key = {quote(pk.key)} AND epoch <= {epoch} AND dlq = 'NONE'")
         row = self.check_fence(pk, epoch)
         if row is None or row.dlq is not DlqPhase.SENDING:
             raise FencedError(f"{pk}: could not record the dead-letter mark (row gone or taken over)")
         return row
 
     def mark_dlq_done(self, pk: PartitionKey, epoch: int) -> None:
-        self._update("dlq = 'DONE', updated_at = now64(3)", f"key = {_q(pk.key)} AND epoch <= {epoch}")
+        self._update("dlq = 'DONE', updated_at = now64(3)", f"key = {quote(pk.key)} AND epoch <= {epoch}")
 
     def delete_topics(self, sink: str, topics: Iterable[str]) -> int:
         """Deletes the partition rows of whole topics (removed from the sink)."""
@@ -472,9 +472,9 @@ class StateStore:
 
     def delete(self, sink: str, partitions: Iterable[tuple[str, int]] | None = None) -> int:
         """Deletes a sink's partition rows (all, or the given (topic, partition) pairs); returns how many."""
-        cond = f"kind = 'partition' AND sink = {_q(sink)}"
+        cond = f"kind = 'partition' AND sink = {quote(sink)}"
         if partitions is not None:
-            pairs = [f"({_q(t)}, {int(p)})" for t, p in partitions]
+            pairs = [f"({quote(t)}, {int(p)})" for t, p in partitions]
             if not pairs:
                 return 0
             cond += f" AND (topic, partition) IN ({', '.join(pairs)})"
@@ -482,8 +482,8 @@ class StateStore:
         if n:
             self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE {cond}{_STRICT_CLAUSE}")
         if partitions is None:
-            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE key = {_q(self._epoch_key(sink))} OR "
-                                f"startsWith(key, {_q(self._routing_key(sink, ''))}){_STRICT_CLAUSE}")
+            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE key = {quote(self._epoch_key(sink))} OR "
+                                f"startsWith(key, {quote(self._routing_key(sink, ''))}){_STRICT_CLAUSE}")
         return n
 
     # ---- routing ------------------------------------------------------------------------------
@@ -496,7 +496,7 @@ class StateStore:
     def routings(self, sink: str) -> dict[str, list[str]]:
         """Per topic, every routing the sink has sent its records by, oldest first: records delivered before a
         change stay in the tables the older ones named."""
-        rows = self._select(f"kind = 'schema' AND startsWith(key, {_q(self._routing_key(sink, ''))})")
+        rows = self._select(f"kind = 'schema' AND startsWith(key, {quote(self._routing_key(sink, ''))})")
         return {str(r[2]): [str(x) for x in json.loads(r[4])] for r in rows}
 
     def record_routing(self, sink: str, topic: str, spec: str) -> None:
@@ -508,7 +508,7 @@ class StateStore:
         if history is None:
             self._insert([self._row(key, "schema", sink=sink, topic=topic, target=text)])
         else:
-            self._update(f"target = {_q(text)}, updated_at = now64(3)", f"key = {_q(key)}")
+            self._update(f"target = {quote(text)}, updated_at = now64(3)", f"key = {quote(key)}")
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -541,9 +541,9 @@ class StateStore:
                     f" AND max_offset = {was.range.max} AND layout = {was.layout}") if cas else ""
             self._update(
                 f"phase = '{phase.value}', min_offset = {rng.min}, max_offset = {rng.max}, epoch = {epoch}, "
-                f"layout = {layout}, shard = {shard}, dlq = '{dlq.value}', dlq_mark = {_q(mark)}, "
+                f"layout = {layout}, shard = {shard}, dlq = '{dlq.value}', dlq_mark = {quote(mark)}, "
                 f"block_offsets = {block_offsets}, updated_at = now64(3)",
-                f"key = {_q(pk.key)} AND epoch <= {epoch}{cond}",
+                f"key = {quote(pk.key)} AND epoch <= {epoch}{cond}",
             )
         return self._read_back(pk, rng, phase, epoch, layout, conflict=cas)
 
@@ -560,7 +560,7 @@ class StateStore:
             of the row; the column itself, kept, unless given). transform over constant arrays: ClickHouse
             analyses it in a fraction of a multiIf's time."""
             otherwise = default or column
-            pairs = [(_q(it.pk.key), v) for it, ex in items if (v := value(it, ex)) is not None]
+            pairs = [(quote(it.pk.key), v) for it, ex in items if (v := value(it, ex)) is not None]
             if not pairs:
                 return otherwise
             if len(pairs) == len(items) and len({v for _, v in pairs}) == 1:
@@ -575,7 +575,7 @@ class StateStore:
 
         def mark(it: Begin, ex: StateRow) -> str | None:
             if it.dlq_mark is not None:
-                return _q(it.dlq_mark)
+                return quote(it.dlq_mark)
             return None if ex.state.range == it.rng else "''"
 
         sets = {  # the condition below holds epoch, layout and max_offset at the planned state's values
@@ -592,11 +592,11 @@ class StateStore:
             "dlq": per_key(dlq, "dlq"),
             "dlq_mark": per_key(mark, "dlq_mark"),
         }
-        was = ", ".join(f"({_q(it.pk.key)}, {ex.state.epoch}, '{ex.state.phase.value}', {ex.state.range.min}, "
+        was = ", ".join(f"({quote(it.pk.key)}, {ex.state.epoch}, '{ex.state.phase.value}', {ex.state.range.min}, "
                         f"{ex.state.range.max}, {ex.state.layout})" for it, ex in items)
         self._update(", ".join(["phase = 'BEFORE'", *(f"{c} = {v}" for c, v in sets.items() if v != c),
                                 "updated_at = now64(3)"]),
-                     f"key IN ({', '.join(_q(it.pk.key) for it, _ in items)}) AND epoch <= {epoch} AND "
+                     f"key IN ({', '.join(quote(it.pk.key) for it, _ in items)}) AND epoch <= {epoch} AND "
                      f"(key, epoch, phase, min_offset, max_offset, layout) IN ({was})")
 
     def _read_back_many(self, items: Sequence[tuple[PartitionKey, OffsetRange, Phase, int]], epoch: int,
@@ -657,7 +657,7 @@ class StateStore:
         return StateRow(pk, state, r[9], int(r[11]), DlqPhase(r[12]), r[13], r[14], int(r[15]))
 
 
-def _q(s: str) -> str:
+def quote(s: str) -> str:
     """Quotes a string literal for ClickHouse SQL."""
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config import Engine
-from .store import StateStore, _esc, _q
+from .store import StateStore, _esc, quote
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -42,7 +42,7 @@ class VerifiedStore:
 
     def positions(self, sink: str) -> dict[tuple[str, int], Verified]:
         rows = self.client.query(f"SELECT topic, partition, verified_to, offsets FROM {self.fqn} "
-                                 f"WHERE sink = {_q(sink)}").result_rows
+                                 f"WHERE sink = {quote(sink)}").result_rows
         return {(str(t), int(p)): Verified(int(v), int(n)) for t, p, v, n in rows}
 
     def record(self, sink: str, positions: Mapping[tuple[str, int], Verified]) -> None:
@@ -57,4 +57,4 @@ class VerifiedStore:
     def delete(self, sink: str) -> None:
         """A deleted sink's rows (its cleanup); nothing if the verifier never ran."""
         if self.client.query(f"EXISTS TABLE {self.fqn}").result_rows[0][0]:
-            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE sink = {_q(sink)}")
+            self.client.command(f"ALTER TABLE {self.fqn} DELETE WHERE sink = {quote(sink)}")

@@ -28,9 +28,9 @@ from ..delivery.context import PartitionOutcome
 from ..delivery.first_start import first_start
 from ..delivery.runtime import Runtime, check_routing, starting_offsets
 from ..delivery.writer import Waiting, ranges_from_json, ranges_json
-from ..edges.clickhouse import clickhouse_client, load_schema
+from ..edges.clickhouse import clickhouse_client, load_schema, unsafe_target
 from ..edges.dlq import KafkaDeadLetterSink
-from ..edges.insert import first_line, unsafe_target, worth_retrying
+from ..edges.errors import first_line, worth_retrying
 from ..edges.kafka import all_watermarks, commit_group_offsets, topic_partitions
 from ..edges.store import Begin, FencedError, PartitionKey, state_store
 from ..formats.registry import make_decoder

@@ -119,7 +119,7 @@ def test_a_fast_path_insert_retried_on_the_decoding_path_is_the_same_insert(ch_d
 
 
 def test_tables_whose_retries_could_not_be_recognised_are_refused(ch_db):
-    from sparkapp.edges.insert import unsafe_target
+    from sparkapp.edges.clickhouse import unsafe_target
 
     client, db = ch_db
     client.command("CREATE TABLE bare (id UInt64) ENGINE = MergeTree ORDER BY id")

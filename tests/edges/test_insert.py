@@ -11,7 +11,8 @@ from sparkapp.core.blocks import Block, LineBlock
 from sparkapp.core.state_machine import OffsetRange
 from sparkapp.delivery.sift import without
 from sparkapp.edges.clickhouse import load_schema
-from sparkapp.edges.insert import PINNED, Inserter, InsertError, is_transient
+from sparkapp.edges.errors import is_transient
+from sparkapp.edges.insert import PINNED, Inserter, InsertError
 
 
 def test_pinned_insert_settings_win_over_the_sinks(ch_db):

@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from hack.testbed.process import free_port
-from sparkapp.edges.insert import worth_retrying
+from sparkapp.edges.errors import worth_retrying
 from sparkapp.formats.avro import AvroReader
 from sparkapp.formats.protobuf import ProtobufReader
 from sparkapp.formats.registry import DecoderSpec, Format, make_decoder

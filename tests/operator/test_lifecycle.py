@@ -17,6 +17,7 @@ from sinkoperator.lifecycle import Observed, Problem, conditions, keep_transitio
 from sinkoperator.model import JobFailure, SinkSpec
 from sinkoperator.render import sink_config
 from sinkoperator.spec import FAILED_APP_STATES, AppState, DesiredState, Reason, RebalancePhase, SinkState
+from sinkoperator.status import merge_patch
 from sparkapp.config import ConfigError
 
 SAMPLE = yaml.safe_load((Path(__file__).parent / "sample.yaml").read_text())
@@ -167,3 +168,31 @@ def test_only_an_error_a_change_fixes_is_held_and_only_for_its_interval(code: in
                                       "finishedAt": (now - dt.timedelta(seconds=age)).isoformat()})
     assert held(last, "h1" if same else "h2", now, hold_s) == (code in HELD and same and age < hold_s)
     assert not held(None, "h1", now, hold_s)
+
+
+def _merged(target: object, patch: object) -> object:
+    """RFC 7386's MergePatch, as the API server applies a merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merged(out.get(key), value)
+    return out
+
+
+_leaf = st.booleans() | st.integers(-3, 3) | st.sampled_from(["", "x", "y"])  # a status holds no nulls
+_json = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3) |
+                     st.dictionaries(st.sampled_from("abcd"), inner, max_size=4), max_leaves=12)
+_status = st.dictionaries(st.sampled_from("abcde"), _json, max_size=5)
+
+
+@given(_status, _status)
+def test_the_status_patch_turns_what_was_read_into_the_new_status_and_sends_only_what_changed(
+        was: dict[str, object], now: dict[str, object]) -> None:
+    patch = merge_patch(was, now)
+    assert _merged(was, patch) == now  # a field the new status leaves out is removed, at any depth
+    assert all(key not in patch for key in was if key in now and was[key] == now[key])  # what is unchanged is not
+    assert merge_patch(now, now) == {}

@@ -123,6 +123,9 @@ def test_each_missing_spark_operator_part_says_so_and_clears_once_fixed(bare, ka
                         "involvedObject.name=nospark,reason=Recovered").stdout
     assert len(json.loads(recovered)["items"]) >= 2, recovered
     show(api, "all fixed")
+    restored = kubectl("get", "events", "-o", "json", "--field-selector",
+                       "involvedObject.name=nospark,reason=LayoutRestored").stdout
+    assert json.loads(restored)["items"] == [], "the first apply failed: nothing was lost, so nothing is restored"
     kubectl("delete", "pod", "chsink-nospark-driver", "--grace-period=0", "--force")
     # the finalizer itself may wait up to 60 s for the SparkApplication to go before deleting the state: a
     # shorter wait here failed under the other worker's load

@@ -345,3 +345,15 @@ def test_a_rebalance_is_approved_with_the_word_approve(sink, ch_factory):
     assert cr_status(s)["rebalance"]["phase"] == "Draining" and cr_status(s)["shards"] == "1->2"
     s["kube"].kubectl("delete", "pod", driver, "--wait=true")
     wait_for("applied", lambda: cr_status(s)["rebalance"]["phase"] == "Applied" and cr_status(s)["shards"] == "2")
+    # each step of the plan is an Event, though the plan object is the one read (and changed in place)
+    wait_for("the plan's Events", lambda: {"RebalanceAwaitingApproval", "RebalanceApproved", "RebalanceDraining",
+                                           "RebalanceApplied"} <= set(events(s)), timeout=30)
+
+    # the next plan is a new plan: it carries neither the last one's approval nor its appliedAt (a merge patch
+    # keeps every key it is not told to delete)
+    s["apply"](clickhouse={"shards": [{"endpoint": s["dsn"]}], "database": s["db"], "tables": {"*": "events"}})
+    rb = wait_for("the next plan", lambda: (r := cr_status(s).get("rebalance")) and r["toLayout"] == 2 and r)
+    assert rb["phase"] == "AwaitingApproval" and "approvedAt" not in rb and "appliedAt" not in rb, rb
+    time.sleep(5)  # two status ticks
+    rb = cr_status(s)["rebalance"]
+    assert rb["phase"] == "AwaitingApproval" and "approvedAt" not in rb and cr_status(s)["shards"] == "2->1", rb
